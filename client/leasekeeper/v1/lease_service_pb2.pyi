@@ -1,0 +1,220 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LossReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOSS_REASON_UNSPECIFIED: _ClassVar[LossReason]
+    LOSS_REASON_LEASE_EXPIRED: _ClassVar[LossReason]
+    LOSS_REASON_LEASE_SUPERSEDED: _ClassVar[LossReason]
+    LOSS_REASON_LEASE_RELEASED: _ClassVar[LossReason]
+    LOSS_REASON_LEASE_REVOKED: _ClassVar[LossReason]
+    LOSS_REASON_RUNTIME_EXCEEDED: _ClassVar[LossReason]
+    LOSS_REASON_TASK_COMPLETED: _ClassVar[LossReason]
+    LOSS_REASON_NOT_OWNER: _ClassVar[LossReason]
+    LOSS_REASON_FENCE_UNKNOWN: _ClassVar[LossReason]
+
+class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_STATE_UNSPECIFIED: _ClassVar[TaskState]
+    TASK_STATE_FREE: _ClassVar[TaskState]
+    TASK_STATE_HELD: _ClassVar[TaskState]
+    TASK_STATE_EXPIRED: _ClassVar[TaskState]
+    TASK_STATE_COMPLETED: _ClassVar[TaskState]
+LOSS_REASON_UNSPECIFIED: LossReason
+LOSS_REASON_LEASE_EXPIRED: LossReason
+LOSS_REASON_LEASE_SUPERSEDED: LossReason
+LOSS_REASON_LEASE_RELEASED: LossReason
+LOSS_REASON_LEASE_REVOKED: LossReason
+LOSS_REASON_RUNTIME_EXCEEDED: LossReason
+LOSS_REASON_TASK_COMPLETED: LossReason
+LOSS_REASON_NOT_OWNER: LossReason
+LOSS_REASON_FENCE_UNKNOWN: LossReason
+TASK_STATE_UNSPECIFIED: TaskState
+TASK_STATE_FREE: TaskState
+TASK_STATE_HELD: TaskState
+TASK_STATE_EXPIRED: TaskState
+TASK_STATE_COMPLETED: TaskState
+
+class Lease(_message.Message):
+    __slots__ = ("namespace", "task_id", "owner_id", "fence", "state", "expire_time", "remaining_ttl", "runtime_deadline", "claim_time", "end_reason")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_TTL_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_REASON_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    owner_id: str
+    fence: int
+    state: TaskState
+    expire_time: _timestamp_pb2.Timestamp
+    remaining_ttl: _duration_pb2.Duration
+    runtime_deadline: _timestamp_pb2.Timestamp
+    claim_time: _timestamp_pb2.Timestamp
+    end_reason: LossReason
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., state: _Optional[_Union[TaskState, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., runtime_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claim_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_reason: _Optional[_Union[LossReason, str]] = ...) -> None: ...
+
+class ClaimRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "owner_id", "ttl", "max_runtime")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    owner_id: str
+    ttl: _duration_pb2.Duration
+    max_runtime: _duration_pb2.Duration
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ClaimResponse(_message.Message):
+    __slots__ = ("acquired", "lease", "holder_remaining_ttl", "holder_expire_time")
+    ACQUIRED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_REMAINING_TTL_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    acquired: bool
+    lease: Lease
+    holder_remaining_ttl: _duration_pb2.Duration
+    holder_expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, acquired: _Optional[bool] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., holder_remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., holder_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "owner_id", "fence", "ttl")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    owner_id: str
+    fence: int
+    ttl: _duration_pb2.Duration
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class RenewResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "owner_id", "fence", "complete")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    owner_id: str
+    fence: int
+    complete: bool
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class ValidateFenceRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "fence")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    fence: int
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., fence: _Optional[int] = ...) -> None: ...
+
+class ValidateFenceResponse(_message.Message):
+    __slots__ = ("valid", "current_fence", "reason", "remaining_ttl", "expire_time")
+    VALID_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FENCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_TTL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    valid: bool
+    current_fence: int
+    reason: LossReason
+    remaining_ttl: _duration_pb2.Duration
+    expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, valid: _Optional[bool] = ..., current_fence: _Optional[int] = ..., reason: _Optional[_Union[LossReason, str]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "owner_id", "fence", "ttl")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    owner_id: str
+    fence: int
+    ttl: _duration_pb2.Duration
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("fence", "expire_time", "remaining_ttl", "renewed")
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_TTL_FIELD_NUMBER: _ClassVar[int]
+    RENEWED_FIELD_NUMBER: _ClassVar[int]
+    fence: int
+    expire_time: _timestamp_pb2.Timestamp
+    remaining_ttl: _duration_pb2.Duration
+    renewed: bool
+    def __init__(self, fence: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., renewed: _Optional[bool] = ...) -> None: ...
+
+class GetLeaseRequest(_message.Message):
+    __slots__ = ("namespace", "task_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class GetLeaseResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class ListLeasesRequest(_message.Message):
+    __slots__ = ("namespace", "state", "page_size", "page_token")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    state: TaskState
+    page_size: int
+    page_token: str
+    def __init__(self, namespace: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListLeasesResponse(_message.Message):
+    __slots__ = ("leases", "next_page_token")
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[Lease]
+    next_page_token: str
+    def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,141 @@
+"""The ``leasekeeper`` command: serve, migrate, and inspect leases.
+
+::
+
+    leasekeeper serve                 start the service (embedded PostgreSQL if no URL is set)
+    leasekeeper migrate               apply the schema migrations and exit
+    leasekeeper leases list [-n NS] [--state STATE]
+    leasekeeper leases get TASK_ID [-n NS]
+
+Settings come from ``LEASEKEEPER_*`` environment variables (see settings.py);
+``leases`` commands talk to a running server at ``--target``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from .settings import Settings
+
+log = logging.getLogger("leasekeeper")
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def _serve(settings: Settings) -> None:
+    from .app import LeaseServer, resolve_database
+
+    dsn, embedded = resolve_database(settings)
+    server = LeaseServer(settings, dsn)
+    try:
+        await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"leasekeeper listening on {settings.listen}", flush=True)
+        await stop.wait()
+        log.info("signal received: draining (grace %.1f s)", settings.shutdown_grace_s)
+        await server.stop()
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+async def _migrate(settings: Settings) -> None:
+    from .app import resolve_database
+    from .migrate import migrate
+
+    dsn, embedded = resolve_database(settings)
+    try:
+        applied = await migrate(dsn)
+        print(f"applied {len(applied)} migration(s): {applied}" if applied else "schema up to date")
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+def _lease_dict(info: object) -> dict[str, object]:
+    out = {}
+    for name in (
+        "namespace",
+        "task_id",
+        "owner_id",
+        "fence",
+        "state",
+        "expire_time",
+        "remaining_ttl",
+        "runtime_deadline",
+        "claim_time",
+        "end_reason",
+    ):
+        value = getattr(info, name, None)
+        out[name] = value.isoformat() if hasattr(value, "isoformat") else value
+    return out
+
+
+async def _leases(args: argparse.Namespace) -> int:
+    from leasekeeper import LeaseClient, TaskNotFound
+
+    async with LeaseClient(args.target, namespace=args.namespace) as client:
+        if args.leases_command == "get":
+            try:
+                info = await client.get_lease(args.task_id)
+            except TaskNotFound:
+                print(
+                    f"task {args.task_id!r} not found in namespace {args.namespace!r}",
+                    file=sys.stderr,
+                )
+                return 1
+            print(json.dumps(_lease_dict(info), indent=2))
+            return 0
+        async for info in client.iter_leases(state=args.state):
+            print(json.dumps(_lease_dict(info)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line grammar."""
+    parser = argparse.ArgumentParser(prog="leasekeeper", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("serve", help="start the service")
+    commands.add_parser("migrate", help="apply schema migrations and exit")
+    leases = commands.add_parser("leases", help="inspect leases on a running server")
+    leases.add_argument("--target", default="127.0.0.1:9457", help="server address host:port")
+    leases.add_argument("-n", "--namespace", default="default")
+    sub = leases.add_subparsers(dest="leases_command", required=True)
+    listing = sub.add_parser("list", help="list a namespace's tasks")
+    listing.add_argument("--state", choices=["FREE", "HELD", "EXPIRED", "COMPLETED"])
+    get = sub.add_parser("get", help="show one task")
+    get.add_argument("task_id")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``leasekeeper`` command."""
+    args = build_parser().parse_args(argv)
+    if args.command == "leases":
+        return asyncio.run(_leases(args))
+    settings = Settings()
+    _configure_logging(settings.log_level)
+    if args.command == "serve":
+        asyncio.run(_serve(settings))
+    elif args.command == "migrate":
+        asyncio.run(_migrate(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

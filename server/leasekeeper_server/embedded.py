@@ -1,0 +1,37 @@
+"""An embedded PostgreSQL (the ``pgserver`` package) for running with no database configured.
+
+The data directory survives restarts; the PostgreSQL process stops when the
+service exits. Nothing here is used when ``database_url`` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddedPostgres:
+    """Starts PostgreSQL in ``data_dir`` and hands out its URL."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir.expanduser().resolve()
+        self._server: Any = None
+
+    def start(self) -> str:
+        """Starts (or reuses) the server; returns a URL for asyncpg."""
+        import pgserver  # imported late: it is only needed here
+
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
+        url = str(self._server.get_uri())
+        log.info("embedded PostgreSQL running; data directory %s", self.data_dir)
+        return url
+
+    def stop(self) -> None:
+        """Stops the server; the data directory stays."""
+        if self._server is not None:
+            self._server.cleanup()
+            self._server = None

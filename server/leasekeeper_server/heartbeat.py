@@ -1,0 +1,201 @@
+"""The Heartbeat stream: one loop per lease that renews and pushes loss.
+
+A stream serves one lease. Its first message names the lease and renews it;
+each later message renews it again, except that beats sooner than
+``min_renew_interval_s`` after the last renewal are answered from that
+renewal without a database write (a flood never becomes a write storm).
+
+Between beats the stream waits on three things: the next message, a
+notification that the task's ownership changed (``events.py``), and a timer
+set for the moment the database said the lease would end. When either of
+the last two fires, one read on the database clock decides; a lost lease
+ends the stream at once with ABORTED and the reason, without waiting for the
+client's next beat. The server's monotonic clock only schedules that read;
+it never decides anything.
+
+The stream ends with OK when the client half-closes (the lease stays HELD
+until it expires or is released), with UNAVAILABLE when the server shuts
+down or loses its database (the lease lives on; resume with the same fence),
+and with INVALID_ARGUMENT when a message names another lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+import grpc
+from leasekeeper.v1 import lease_service_pb2 as pb
+
+from . import validate
+from .errors import InvalidArgument, LeaseLost, ShuttingDown
+from .events import LeaseEvents
+from .model import Task, owner_loss
+from .rpc import abort_with, check_parsed
+from .settings import Settings
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+# Slack added to the expiry timer so the read lands just after the instant
+# the database will judge the lease expired.
+_TIMER_SLACK_S = 0.02
+
+
+class HeartbeatService:
+    """Serves heartbeat streams and ends them all on shutdown."""
+
+    def __init__(self, store: Store, events: LeaseEvents, settings: Settings) -> None:
+        self._store = store
+        self._events = events
+        self._settings = settings
+        self._closing = asyncio.Event()
+        self.open_streams = 0
+
+    def close(self) -> None:
+        """Ends every open stream with UNAVAILABLE (server shutdown)."""
+        self._closing.set()
+
+    async def serve(self, context: grpc.aio.ServicerContext) -> None:
+        """Runs one stream to its end; every ending is a status on ``context``."""
+        self.open_streams += 1
+        try:
+            await _Stream(self._store, self._events, self._settings, self._closing, context).run()
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # every failure leaves as a status
+            await abort_with(context, exc)
+        finally:
+            self.open_streams -= 1
+
+
+class _Stream:
+    def __init__(
+        self,
+        store: Store,
+        events: LeaseEvents,
+        settings: Settings,
+        closing: asyncio.Event,
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        self._store = store
+        self._events = events
+        self._settings = settings
+        self._closing = closing
+        self._context = context
+        self._ref: validate.LeaseRef | None = None
+        self._ttl = timedelta(seconds=settings.default_ttl_s)
+        self._task: Task | None = None  # the last read of the lease (renewal or check)
+        self._seen_at = 0.0  # monotonic, when that read was answered
+        self._renewed_at = 0.0  # monotonic, when the last renewal was answered
+
+    async def run(self) -> None:
+        first = await self._context.read()
+        if first is grpc.aio.EOF:
+            return
+        check_parsed(first)
+        self._ref = validate.lease_ref(first, self._settings)
+        self._ttl = validate.ttl(first, self._settings)
+        await self._renew()
+
+        reader: asyncio.Task[Any] | None = None
+        with self._events.watch(self._ref.key) as changed:
+            waiters = {
+                "changed": asyncio.ensure_future(changed.wait()),
+                "closing": asyncio.ensure_future(self._closing.wait()),
+            }
+            try:
+                reader = asyncio.ensure_future(self._context.read())
+                while True:
+                    done, _ = await asyncio.wait(
+                        {reader, *waiters.values()},
+                        timeout=self._until_check_s(),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    if waiters["closing"] in done:
+                        raise ShuttingDown("server is shutting down; resume with the same fence")
+                    if reader in done:
+                        message = reader.result()
+                        if message is grpc.aio.EOF:
+                            return
+                        await self._beat(message)
+                        reader = asyncio.ensure_future(self._context.read())
+                    elif waiters["changed"] in done or not done:
+                        changed.clear()
+                        waiters["changed"] = asyncio.ensure_future(changed.wait())
+                        await self._check()
+            finally:
+                for waiter in (*waiters.values(), reader):
+                    if waiter is not None:
+                        waiter.cancel()
+
+    def _until_check_s(self) -> float:
+        assert self._task is not None
+        elapsed = time.monotonic() - self._seen_at
+        return max(0.0, self._task.remaining_ttl.total_seconds() - elapsed) + _TIMER_SLACK_S
+
+    async def _beat(self, message: Any) -> None:
+        check_parsed(message)
+        self._check_same_lease(message)
+        if message.HasField("ttl"):
+            self._ttl = validate.ttl(message, self._settings)
+        if time.monotonic() - self._renewed_at < self._settings.min_renew_interval_s:
+            await self._reply(renewed=False)
+        else:
+            await self._renew()
+
+    def _check_same_lease(self, message: pb.HeartbeatRequest) -> None:
+        ref = self._ref
+        assert ref is not None
+        for field, mine in (
+            ("namespace", ref.key.namespace),
+            ("task_id", ref.key.task_id),
+            ("owner_id", ref.owner_id),
+        ):
+            value = getattr(message, field)
+            if value and value != mine:
+                raise InvalidArgument(field, "names another lease than this stream's first message")
+        if message.fence and message.fence != ref.fence:
+            raise InvalidArgument("fence", "names another lease than this stream's first message")
+
+    async def _renew(self) -> None:
+        assert self._ref is not None
+        self._task = await self._store.renew(self._ref, self._ttl)
+        self._seen_at = self._renewed_at = time.monotonic()
+        await self._reply(renewed=True)
+
+    async def _reply(self, renewed: bool) -> None:
+        task = self._task
+        assert task is not None
+        remaining = task.remaining_ttl
+        if not renewed:
+            remaining = max(
+                timedelta(0), remaining - timedelta(seconds=time.monotonic() - self._seen_at)
+            )
+        response = pb.HeartbeatResponse(fence=task.fence, renewed=renewed)
+        response.expire_time.FromDatetime(task.expire_time)
+        response.remaining_ttl.FromTimedelta(remaining)
+        await self._context.write(response)
+
+    async def _check(self) -> None:
+        """One read on the database clock: ends the stream if the lease is lost."""
+        ref = self._ref
+        assert ref is not None
+        task = await self._store.get_task(ref.key)
+        reason = owner_loss(task, ref.owner_id, ref.fence)
+        if reason is not None:
+            log.info(
+                "heartbeat ends: %s namespace=%r task_id=%r fence=%d",
+                reason.value,
+                ref.key.namespace,
+                ref.key.task_id,
+                ref.fence,
+            )
+            raise LeaseLost(reason, task.fence if task is not None else 0)
+        assert task is not None
+        # Still ours (renewed elsewhere, perhaps): plan the next check from this read.
+        self._task = task
+        self._seen_at = time.monotonic()

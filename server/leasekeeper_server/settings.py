@@ -1,0 +1,85 @@
+"""Service settings, read from the environment (``LEASEKEEPER_*``) and a ``.env`` file.
+
+Every duration is in seconds and says so in its name (``_s``). Bounds are
+checked at start-up: a server never starts with settings it cannot honour.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    """Where the embedded PostgreSQL keeps its data: the user's data directory."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("leasekeeper")) / "pgdata"
+
+
+class Settings(BaseSettings):
+    """The service's settings; each field maps to ``LEASEKEEPER_<FIELD>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LEASEKEEPER_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    database_url: str | None = Field(
+        default=None,
+        description="PostgreSQL URL (postgresql://user@host:port/db). Unset: an embedded "
+        "PostgreSQL in data_dir.",
+    )
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="Data directory of the embedded PostgreSQL; survives restarts.",
+    )
+    listen: str = Field(default="127.0.0.1:9457", description="gRPC listen address host:port.")
+    default_ttl_s: float = Field(
+        default=30.0, gt=0, description="Lease ttl when a request sets none."
+    )
+    min_ttl_s: float = Field(default=1.0, gt=0, description="Shortest ttl a request may ask.")
+    max_ttl_s: float = Field(default=3600.0, gt=0, description="Longest ttl a request may ask.")
+    max_runtime_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description="Runtime budget of a lease when its claim sets none, and the most it may set.",
+    )
+    min_renew_interval_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="Heartbeat beats sooner than this after the last renewal are answered "
+        "without a database write.",
+    )
+    max_id_bytes: int = Field(
+        default=256, ge=1, le=4096, description="Longest namespace, task_id or owner_id (UTF-8)."
+    )
+    pool_min_size: int = Field(default=2, ge=1, description="Database connections kept open.")
+    pool_max_size: int = Field(default=20, ge=1, description="Most database connections.")
+    statement_timeout_s: float = Field(
+        default=5.0, gt=0, description="PostgreSQL statement_timeout on every connection."
+    )
+    lock_timeout_s: float = Field(
+        default=3.0, gt=0, description="PostgreSQL lock_timeout on every connection."
+    )
+    connect_timeout_s: float = Field(
+        default=3.0,
+        gt=0,
+        description="Time to open a database connection or take one from the pool.",
+    )
+    health_interval_s: float = Field(
+        default=1.0, gt=0, description="How often the database is pinged for the health service."
+    )
+    shutdown_grace_s: float = Field(
+        default=10.0, ge=0, description="How long unary calls may finish after SIGTERM/SIGINT."
+    )
+    log_level: str = Field(default="INFO", description="Python logging level.")
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> Settings:
+        if not self.min_ttl_s <= self.default_ttl_s <= self.max_ttl_s:
+            raise ValueError("need min_ttl_s <= default_ttl_s <= max_ttl_s")
+        if self.pool_min_size > self.pool_max_size:
+            raise ValueError("need pool_min_size <= pool_max_size")
+        return self

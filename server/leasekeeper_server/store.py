@@ -1,0 +1,242 @@
+"""The only module that talks to PostgreSQL.
+
+Each method runs one named statement from ``sql/queries.sql`` (and, to
+classify a statement that changed no row, at most one read). Every decision
+is taken by the statement itself on the database clock; this module adds no
+clock of its own. Driver errors are translated here, at one edge: a database
+that cannot be reached, refuses connections, is shutting down, or does not
+answer within the statement timeout becomes
+:class:`~leasekeeper_server.errors.DatabaseUnavailable` (UNAVAILABLE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from . import queries
+from .errors import DatabaseUnavailable, LeaseLost, TaskCompleted
+from .model import ClaimOutcome, LossReason, Task, TaskKey, TaskState, owner_loss
+from .settings import Settings
+from .validate import LeaseRef
+
+APPLICATION_NAME = "leasekeeper"
+
+# Errors that mean "the database is out of reach or refused to work now";
+# the call may be retried. Anything else is a bug and surfaces as INTERNAL.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,  # class 08
+    asyncpg.InterfaceError,  # connection closed underneath us
+    asyncpg.exceptions.OperatorInterventionError,  # class 57: cancel, shutdown, cannot connect now
+    asyncpg.exceptions.InsufficientResourcesError,  # class 53: too many connections, disk full
+    asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
+    asyncpg.exceptions.ReadOnlySQLTransactionError,  # a standby while a failover settles
+)
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    """Turns driver and network errors into DatabaseUnavailable."""
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise DatabaseUnavailable(f"database unavailable: {type(exc).__name__}") from exc
+
+
+def connection_settings(settings: Settings) -> dict[str, str]:
+    """Session settings for every connection the service opens."""
+    return {
+        "application_name": APPLICATION_NAME,
+        "statement_timeout": str(int(settings.statement_timeout_s * 1000)),
+        "lock_timeout": str(int(settings.lock_timeout_s * 1000)),
+        "idle_in_transaction_session_timeout": str(int(settings.statement_timeout_s * 2000)),
+    }
+
+
+def _task(row: asyncpg.Record) -> Task:
+    return Task(
+        namespace=row["namespace"],
+        task_id=row["task_id"],
+        owner_id=row["owner_id"],
+        fence=row["fence"],
+        row_state=row["state"],
+        expire_time=row["expire_time"],
+        runtime_deadline=row["runtime_deadline"],
+        claim_time=row["claim_time"],
+        end_reason=row["end_reason"],
+        db_now=row["db_now"],
+    )
+
+
+class Store:
+    """Lease operations on PostgreSQL, one statement per decision."""
+
+    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
+        self._pool = pool
+        self._settings = settings
+        self._sql = queries.load()
+
+    @classmethod
+    async def open(cls, dsn: str, settings: Settings) -> Store:
+        """Opens a connection pool.
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached.
+        """
+        with translate_errors():
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=settings.pool_min_size,
+                max_size=settings.pool_max_size,
+                timeout=settings.connect_timeout_s,
+                # The driver's own timer: a black-holed connection would never
+                # reach the server's statement_timeout.
+                command_timeout=settings.statement_timeout_s + 1.0,
+                server_settings=connection_settings(settings),
+            )
+        return cls(pool, settings)
+
+    async def close(self) -> None:
+        """Closes the pool, waiting for connections in use (bounded by the statement timeout)."""
+        try:
+            await asyncio.wait_for(self._pool.close(), self._settings.statement_timeout_s + 1.0)
+        except (TimeoutError, *_UNAVAILABLE):
+            self._pool.terminate()
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        with translate_errors():
+            async with self._pool.acquire(timeout=self._settings.connect_timeout_s) as conn:
+                yield conn
+
+    async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
+        async with self._connection() as conn:
+            return await conn.fetchrow(self._sql[name], *args)
+
+    async def ping(self) -> None:
+        """Checks the database answers.
+
+        Raises:
+            DatabaseUnavailable: it does not.
+        """
+        await self._fetchrow("ping")
+
+    async def get_task(self, key: TaskKey) -> Task | None:
+        """The task's current row with the database clock, or None if never claimed."""
+        row = await self._fetchrow("get_task", key.namespace, key.task_id)
+        return _task(row) if row is not None else None
+
+    async def claim(
+        self, key: TaskKey, owner_id: str, ttl: timedelta, max_runtime: timedelta
+    ) -> ClaimOutcome:
+        """Claims a task; atomic, decided on the database clock.
+
+        Args:
+            key: the task.
+            owner_id: the claiming owner incarnation.
+            ttl: lease length (clamped to ``max_runtime``).
+            max_runtime: runtime budget from the grant.
+
+        Returns:
+            acquired=True with the new lease (fence + 1) for a new, FREE or
+            EXPIRED task, or the caller's own live lease unchanged (a retried
+            claim); acquired=False with the holder's lease when another owner
+            holds it.
+
+        Raises:
+            TaskCompleted: the task is COMPLETED (FAILED_PRECONDITION).
+            DatabaseUnavailable: UNAVAILABLE.
+        """
+        # A read after a failed claim can find the task freed in between; the
+        # claim is then simply tried again (bounded: each retry follows a
+        # commit by some other call).
+        for _ in range(8):
+            row = await self._fetchrow(
+                "claim", key.namespace, key.task_id, owner_id, ttl, max_runtime
+            )
+            if row is not None:
+                return ClaimOutcome(True, _task(row))
+            task = await self.get_task(key)
+            if task is None:
+                continue
+            state = task.state
+            if state is TaskState.COMPLETED:
+                raise TaskCompleted(task.fence)
+            if state is TaskState.HELD:
+                return ClaimOutcome(task.owner_id == owner_id, task)
+        raise DatabaseUnavailable("claim did not settle; try again")
+
+    async def renew(self, ref: LeaseRef, ttl: timedelta) -> Task:
+        """Extends a live lease to least(db clock + ttl, runtime deadline).
+
+        Atomic; never revives an expired lease.
+
+        Raises:
+            LeaseLost: (ABORTED) with the reason the lease is not live.
+            DatabaseUnavailable: UNAVAILABLE.
+        """
+        row = await self._fetchrow(
+            "renew", ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, ttl
+        )
+        if row is not None:
+            return _task(row)
+        raise await self._loss(ref)
+
+    async def release(self, ref: LeaseRef, complete: bool) -> Task:
+        """Releases the lease (FREE), or completes the task; keeps the fence.
+
+        Idempotent: a release already made by this owner with this fence
+        answers with the task as it is.
+
+        Raises:
+            LeaseLost: (ABORTED) LEASE_SUPERSEDED, NOT_OWNER, LEASE_REVOKED,
+                FENCE_UNKNOWN.
+            DatabaseUnavailable: UNAVAILABLE.
+        """
+        row = await self._fetchrow(
+            "release", ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, complete
+        )
+        if row is not None:
+            return _task(row)
+        task = await self.get_task(ref.key)
+        reason = owner_loss(task, ref.owner_id, ref.fence)
+        if task is not None and reason in (LossReason.LEASE_RELEASED, LossReason.TASK_COMPLETED):
+            if task.fence == ref.fence and task.owner_id == ref.owner_id:
+                return task
+        raise _lost(task, reason or LossReason.LEASE_SUPERSEDED)
+
+    async def check(self, ref: LeaseRef) -> LossReason | None:
+        """Why ``ref`` does not hold its lease now, or None while it does (one read)."""
+        task = await self.get_task(ref.key)
+        return owner_loss(task, ref.owner_id, ref.fence)
+
+    async def _loss(self, ref: LeaseRef) -> LeaseLost:
+        task = await self.get_task(ref.key)
+        # The renewal found no live lease; a read an instant later can only
+        # confirm a loss, except for a lease that expired exactly in between.
+        return _lost(task, owner_loss(task, ref.owner_id, ref.fence) or LossReason.LEASE_EXPIRED)
+
+    async def list_tasks(
+        self, namespace: str, after_task_id: str, limit: int, state: TaskState | None
+    ) -> list[Task]:
+        """Up to ``limit`` tasks of a namespace after ``after_task_id``, by task_id."""
+        async with self._connection() as conn:
+            rows = await conn.fetch(
+                self._sql["list_tasks"],
+                namespace,
+                after_task_id,
+                limit,
+                state.value if state else None,
+            )
+        return [_task(r) for r in rows]
+
+
+def _lost(task: Task | None, reason: LossReason) -> LeaseLost:
+    return LeaseLost(reason, task.fence if task is not None else 0)

@@ -1,0 +1,155 @@
+"""Request validation: proto messages in, checked domain values out (pure).
+
+Every check raises :class:`~leasekeeper_server.errors.InvalidArgument` naming
+the field (INVALID_ARGUMENT for the caller) before anything is read or
+written. The rules are CONTRACT.md's "Bad input": ids are 1..max_id_bytes
+bytes of UTF-8 without control characters, compared byte for byte; ttls lie
+in [min_ttl, max_ttl] (unset means the default); fences are >= 1; enum values
+must be known; page sizes at most 1000.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import unicodedata
+from dataclasses import dataclass
+from datetime import timedelta
+
+from google.protobuf import duration_pb2
+from google.protobuf.message import Message
+from leasekeeper.v1 import lease_service_pb2 as pb
+
+from .errors import InvalidArgument
+from .model import TaskKey, TaskState
+from .settings import Settings
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+_MAX_DURATION_SECONDS = 315_576_000_000  # google.protobuf.Duration's own bound
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRef:
+    """Names one lease: a task, its owner and its fence."""
+
+    key: TaskKey
+    owner_id: str
+    fence: int
+
+
+def identifier(field: str, value: str, max_bytes: int) -> str:
+    """Checks an opaque id: 1..max_bytes bytes of UTF-8, no control characters or NUL."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size == 0:
+        raise InvalidArgument(field, "must not be empty")
+    if size > max_bytes:
+        raise InvalidArgument(field, f"is {size} bytes long; at most {max_bytes} bytes allowed")
+    for ch in value:
+        if unicodedata.category(ch) in ("Cc", "Cs"):
+            raise InvalidArgument(field, f"contains control character U+{ord(ch):04X}")
+    return value
+
+
+def task_key(req: Message, settings: Settings) -> TaskKey:
+    """Checks ``namespace`` and ``task_id`` of a request."""
+    return TaskKey(
+        identifier("namespace", req.namespace, settings.max_id_bytes),  # type: ignore[attr-defined]
+        identifier("task_id", req.task_id, settings.max_id_bytes),  # type: ignore[attr-defined]
+    )
+
+
+def fence(field: str, value: int) -> int:
+    """Checks a fence: >= 1."""
+    if value < 1:
+        raise InvalidArgument(field, f"must be >= 1, got {value}")
+    return value
+
+
+def lease_ref(req: Message, settings: Settings) -> LeaseRef:
+    """Checks namespace, task_id, owner_id and fence of a request."""
+    return LeaseRef(
+        task_key(req, settings),
+        identifier("owner_id", req.owner_id, settings.max_id_bytes),  # type: ignore[attr-defined]
+        fence("fence", req.fence),  # type: ignore[attr-defined]
+    )
+
+
+def duration(field: str, value: duration_pb2.Duration) -> timedelta:
+    """Converts a well-formed, positive Duration to a timedelta."""
+    seconds, nanos = value.seconds, value.nanos
+    if (
+        abs(seconds) > _MAX_DURATION_SECONDS
+        or not -999_999_999 <= nanos <= 999_999_999
+        or (seconds > 0 and nanos < 0)
+        or (seconds < 0 and nanos > 0)
+    ):
+        raise InvalidArgument(field, "is not a well-formed google.protobuf.Duration")
+    if seconds < 0 or nanos < 0 or (seconds == 0 and nanos == 0):
+        raise InvalidArgument(field, "must be positive")
+    return timedelta(seconds=seconds, microseconds=nanos // 1000)
+
+
+def ttl(req: Message, settings: Settings, field: str = "ttl") -> timedelta:
+    """The request's ttl, or the default when unset; must lie in [min_ttl, max_ttl]."""
+    if not req.HasField(field):
+        return timedelta(seconds=settings.default_ttl_s)
+    value = duration(field, getattr(req, field))
+    low, high = timedelta(seconds=settings.min_ttl_s), timedelta(seconds=settings.max_ttl_s)
+    if not low <= value <= high:
+        raise InvalidArgument(
+            field,
+            f"must lie in [{settings.min_ttl_s:g} s, {settings.max_ttl_s:g} s], "
+            f"got {value.total_seconds():g} s",
+        )
+    return value
+
+
+def max_runtime(req: pb.ClaimRequest, settings: Settings) -> timedelta:
+    """The claim's runtime budget, or the server's max_runtime when unset."""
+    high = timedelta(seconds=settings.max_runtime_s)
+    if not req.HasField("max_runtime"):
+        return high
+    value = duration("max_runtime", req.max_runtime)
+    if value > high:
+        raise InvalidArgument(
+            "max_runtime",
+            f"must be at most {settings.max_runtime_s:g} s, got {value.total_seconds():g} s",
+        )
+    return value
+
+
+def task_state_filter(value: int) -> TaskState | None:
+    """The ListLeases state filter; unknown enum values are refused."""
+    if value == pb.TASK_STATE_UNSPECIFIED:
+        return None
+    try:
+        name = pb.TaskState.Name(value)
+    except ValueError:
+        raise InvalidArgument("state", f"unknown TaskState value {value}") from None
+    return TaskState(name.removeprefix("TASK_STATE_"))
+
+
+def page_size(value: int) -> int:
+    """The page size: unset (0) means 100; 1..1000 allowed."""
+    if value == 0:
+        return DEFAULT_PAGE_SIZE
+    if not 1 <= value <= MAX_PAGE_SIZE:
+        raise InvalidArgument("page_size", f"must lie in [1, {MAX_PAGE_SIZE}], got {value}")
+    return value
+
+
+def encode_page_token(last_task_id: str) -> str:
+    """An opaque token naming the last task of a page."""
+    return base64.urlsafe_b64encode(last_task_id.encode()).decode()
+
+
+def page_token(value: str, settings: Settings) -> str:
+    """Decodes a page token to the task_id the next page starts after ('' for the first)."""
+    if not value:
+        return ""
+    try:
+        decoded = base64.urlsafe_b64decode(value.encode("ascii")).decode("utf-8")
+        return identifier("page_token", decoded, settings.max_id_bytes)
+    except (binascii.Error, UnicodeError, ValueError):
+        raise InvalidArgument("page_token", "is not a token this server issued") from None
