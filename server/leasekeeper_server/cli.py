@@ -19,7 +19,9 @@ import json
 import logging
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
+from datetime import datetime
 
 from .settings import Settings
 
@@ -32,6 +34,10 @@ def _configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # pgserver narrates every pg_ctl call at INFO; its warnings and errors still show.
+    logging.getLogger("pgserver").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (containers); pgserver asks it anyway.
+    warnings.filterwarnings("ignore", module="platformdirs")
 
 
 async def _serve(settings: Settings) -> None:
@@ -82,7 +88,7 @@ def _lease_dict(info: object) -> dict[str, object]:
         "end_reason",
     ):
         value = getattr(info, name, None)
-        out[name] = value.isoformat() if hasattr(value, "isoformat") else value
+        out[name] = value.isoformat() if isinstance(value, datetime) else value
     return out
 
 

@@ -96,7 +96,7 @@ class LeaseEvents:
                 await self._listen()
             except asyncio.CancelledError:
                 raise
-            except (DatabaseUnavailable, *_LISTEN_ERRORS) as exc:
+            except _LISTEN_ERRORS as exc:
                 log.warning("lease notifications interrupted: %s", exc)
             self.connected.clear()
             self._wake_all()
@@ -125,6 +125,7 @@ class LeaseEvents:
 
 
 _LISTEN_ERRORS: tuple[type[BaseException], ...] = (
+    DatabaseUnavailable,
     OSError,
     TimeoutError,
     asyncpg.PostgresError,

@@ -26,6 +26,7 @@ class LeaseServicer:
 
     @unary
     async def Claim(self, request: pb.ClaimRequest, context: Any) -> pb.ClaimResponse:
+        """Claims a task (see the proto for outcomes and codes)."""
         s = self._settings
         key = validate.task_key(request, s)
         owner_id = validate.identifier("owner_id", request.owner_id, s.max_id_bytes)
@@ -41,12 +42,14 @@ class LeaseServicer:
 
     @unary
     async def Renew(self, request: pb.RenewRequest, context: Any) -> pb.RenewResponse:
+        """Renews a live lease; ABORTED with the reason otherwise."""
         ref = validate.lease_ref(request, self._settings)
         ttl = validate.ttl(request, self._settings)
         return pb.RenewResponse(lease=convert.lease(await self._store.renew(ref, ttl)))
 
     @unary
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
+        """Releases or completes a lease; idempotent for the same fence."""
         ref = validate.lease_ref(request, self._settings)
         task = await self._store.release(ref, request.complete)
         return pb.ReleaseResponse(lease=convert.lease(task))
@@ -55,6 +58,7 @@ class LeaseServicer:
     async def ValidateFence(
         self, request: pb.ValidateFenceRequest, context: Any
     ) -> pb.ValidateFenceResponse:
+        """Says whether a fence may act now; always OK."""
         key = validate.task_key(request, self._settings)
         fence = validate.fence("fence", request.fence)
         task = await self._store.get_task(key)
@@ -71,6 +75,7 @@ class LeaseServicer:
 
     @unary
     async def GetLease(self, request: pb.GetLeaseRequest, context: Any) -> pb.GetLeaseResponse:
+        """The task's current state; NOT_FOUND when never claimed."""
         key = validate.task_key(request, self._settings)
         task = await self._store.get_task(key)
         if task is None:
@@ -83,6 +88,7 @@ class LeaseServicer:
     async def ListLeases(
         self, request: pb.ListLeasesRequest, context: Any
     ) -> pb.ListLeasesResponse:
+        """One page of a namespace's tasks, by task_id."""
         s = self._settings
         namespace = validate.identifier("namespace", request.namespace, s.max_id_bytes)
         state = validate.task_state_filter(request.state)

@@ -107,7 +107,7 @@ class Store:
         """Closes the pool, waiting for connections in use (bounded by the statement timeout)."""
         try:
             await asyncio.wait_for(self._pool.close(), self._settings.statement_timeout_s + 1.0)
-        except (TimeoutError, *_UNAVAILABLE):
+        except _UNAVAILABLE:  # includes TimeoutError
             self._pool.terminate()
 
     @contextlib.asynccontextmanager

@@ -4,31 +4,37 @@
 -- Each decision is one statement that reads the database clock itself with
 -- clock_timestamp(), never now(): now() is frozen at the start of the
 -- transaction, so a statement that waited on a row lock would judge with a
--- stale instant. In an UPDATE (and in ON CONFLICT DO UPDATE) the WHERE clause
--- is evaluated again on the newest row version once the lock is granted, so
--- the clock it reads is the clock at the moment the row is decided.
+-- stale instant. Reading clock_timestamp() is not enough on its own: a plain
+-- UPDATE evaluates its WHERE and SET when it scans the row, before it waits
+-- for the row lock, and re-evaluates them only if the locker changed the row
+-- (not if it merely locked it: SELECT ... FOR UPDATE, or a claim whose
+-- ON CONFLICT WHERE refused). INSERT ... ON CONFLICT DO UPDATE locks the row
+-- first and then evaluates its WHERE and SET, so a statement whose decision
+-- reads the clock uses that form: the clock it reads is the clock at the
+-- moment the row is decided.
 -- Every statement returns clock_timestamp() AS db_now, the instant the answer
 -- describes; remaining ttls are expire_time - db_now.
 
 -- name: claim
 -- Grants the lease when the task is new, FREE or EXPIRED; returns no row when
 -- it is HELD (by anyone) or COMPLETED. $4 ttl, $5 runtime budget.
+-- The new row's instants come from one reading of the clock (c.now), so a ttl
+-- clamped to the budget gives expire_time = runtime_deadline exactly, and an
+-- expiry at that instant is recognised as RUNTIME_EXCEEDED.
 INSERT INTO leasekeeper_tasks AS t
     (namespace, task_id, owner_id, fence, state,
      expire_time, runtime_deadline, claim_time, update_time, end_reason)
-VALUES ($1::text, $2::text, $3::text, 1, 'held',
-        clock_timestamp() + least($4::interval, $5::interval),
-        clock_timestamp() + $5::interval,
-        clock_timestamp(), clock_timestamp(), NULL)
+SELECT $1::text, $2::text, $3::text, 1, 'held',
+       c.now + least($4::interval, $5::interval), c.now + $5::interval,
+       c.now, c.now, NULL
+FROM (SELECT clock_timestamp() AS now) c
 ON CONFLICT (namespace, task_id) DO UPDATE
-SET owner_id = EXCLUDED.owner_id,
-    fence = t.fence + 1,
-    state = 'held',
-    expire_time = clock_timestamp() + least($4::interval, $5::interval),
-    runtime_deadline = clock_timestamp() + $5::interval,
-    claim_time = clock_timestamp(),
-    update_time = clock_timestamp(),
-    end_reason = NULL
+SET (owner_id, fence, state, expire_time, runtime_deadline, claim_time, update_time,
+     end_reason) =
+    (SELECT EXCLUDED.owner_id, t.fence + 1, 'held',
+            c.now + least($4::interval, $5::interval), c.now + $5::interval,
+            c.now, c.now, NULL
+     FROM (SELECT clock_timestamp() AS now) c)
 WHERE t.state IN ('released', 'revoked')
    OR (t.state = 'held' AND t.expire_time <= clock_timestamp())
 RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
@@ -37,16 +43,26 @@ RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
 -- name: renew
 -- Extends a live lease of this owner and fence; never revives an expired one
 -- and never reaches past the runtime budget. $5 ttl.
-UPDATE leasekeeper_tasks
-SET expire_time = least(clock_timestamp() + $5::interval, runtime_deadline),
+-- Written as an upsert that never inserts (see the top of this file): the row
+-- exists whenever the SELECT yields one (rows are never deleted), so the
+-- insert always conflicts, and the conflict path locks the row before it reads
+-- the clock. The inserted values only have to satisfy the table's checks.
+INSERT INTO leasekeeper_tasks AS t
+    (namespace, task_id, owner_id, fence, state,
+     expire_time, runtime_deadline, claim_time, update_time, end_reason)
+SELECT $1::text, $2::text, $3::text, $4::bigint, 'held',
+       clock_timestamp(), clock_timestamp(), clock_timestamp(), clock_timestamp(), NULL
+WHERE EXISTS (SELECT 1 FROM leasekeeper_tasks
+              WHERE namespace = $1::text AND task_id = $2::text)
+ON CONFLICT (namespace, task_id) DO UPDATE
+SET expire_time = least(clock_timestamp() + $5::interval, t.runtime_deadline),
     update_time = clock_timestamp()
-WHERE namespace = $1::text AND task_id = $2::text
-  AND owner_id = $3::text AND fence = $4::bigint
-  AND state = 'held'
-  AND expire_time > clock_timestamp()
-  AND runtime_deadline > clock_timestamp()
-RETURNING namespace, task_id, owner_id, fence, state, expire_time,
-          runtime_deadline, claim_time, end_reason, clock_timestamp() AS db_now;
+WHERE t.owner_id = $3::text AND t.fence = $4::bigint
+  AND t.state = 'held'
+  AND t.expire_time > clock_timestamp()
+  AND t.runtime_deadline > clock_timestamp()
+RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
+          t.runtime_deadline, t.claim_time, t.end_reason, clock_timestamp() AS db_now;
 
 -- name: release
 -- Ends the lease of this owner and fence, live or expired (the fence matching

@@ -1,0 +1,34 @@
+# leasekeeper: the lease service. Multi-stage; runs as a non-root user.
+#   docker build -t leasekeeper .
+#   docker run -p 9457:9457 -e LEASEKEEPER_DATABASE_URL=postgresql://... leasekeeper
+# With no LEASEKEEPER_DATABASE_URL the image starts its embedded PostgreSQL in
+# /data (mount a volume there to keep it).
+
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY client client
+COPY server server
+COPY migrations migrations
+COPY protos protos
+COPY scripts scripts
+RUN python -m venv /opt/leasekeeper \
+ && /opt/leasekeeper/bin/pip install --no-cache-dir --upgrade pip \
+ && /opt/leasekeeper/bin/pip install --no-cache-dir '.[server]'
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --home-dir /data --create-home leasekeeper
+COPY --from=build /opt/leasekeeper /opt/leasekeeper
+ENV PATH=/opt/leasekeeper/bin:$PATH \
+    LEASEKEEPER_LISTEN=0.0.0.0:9457 \
+    LEASEKEEPER_DATA_DIR=/data/pgdata \
+    PYTHONUNBUFFERED=1
+USER leasekeeper
+WORKDIR /data
+EXPOSE 9457
+# Healthy only while the gRPC health service says SERVING (it follows the database).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+  CMD ["python", "-m", "leasekeeper_server.healthcheck", "127.0.0.1:9457"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["leasekeeper"]
+CMD ["serve"]

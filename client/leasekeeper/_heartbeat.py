@@ -1,0 +1,242 @@
+"""The heartbeat: one loop per held lease that keeps it renewed over a stream.
+
+One supervisor task per lease opens a ``Heartbeat`` stream, and on it runs a
+writer (a beat every ``interval_s``) and a reader (one answer per beat, in
+order, each moving the :class:`~leasekeeper._trust.TrustWindow`). Outcomes:
+
+* the stream ends ABORTED with a reason: the lease is lost (pushed by the server);
+* the trust deadline passes without a confirmed renewal, however healthy the
+  stream looks (a black-holed network): lost with ``LEASE_EXPIRED``;
+* UNAVAILABLE, a broken or stalled stream, an unexpected end: reopen the stream
+  on the same channel (possibly another replica) with the same fence, with
+  backoff, for as long as the trust deadline allows;
+* another error the server will repeat (INVALID_ARGUMENT, ...): lost, with that
+  reason;
+* stop(): half-close, the server ends the stream OK; the lease stays HELD.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from ._backoff import Backoff
+from ._trust import Clock, TrustWindow
+from .errors import LeaseError, LeaseLost, from_rpc_error
+from .v1 import lease_service_pb2 as pb
+
+logger = logging.getLogger("leasekeeper.heartbeat")
+
+_TRANSIENT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+STOP_TIMEOUT_S = 5.0
+"""Seconds stop() waits for the server to end a half-closed stream before cancelling it."""
+
+
+class _StreamStalled(Exception):
+    """A beat went unanswered for longer than a beat interval."""
+
+
+class HeartbeatKeeper:
+    """Keeps one lease renewed until stopped or lost.
+
+    Args:
+        open_stream: Opens a new ``Heartbeat`` stream-stream call.
+        first_request: The message naming the lease, sent first on every stream.
+        interval_s: Seconds between beats (about ttl / 3).
+        window: The lease's trust window; every confirmed renewal moves it.
+        on_lost: Called once, from the keeper's task, when the lease is lost.
+        clock: The window's monotonic clock.
+        backoff: Delays between stream reopenings.
+    """
+
+    def __init__(
+        self,
+        *,
+        open_stream: Callable[[], Any],
+        first_request: pb.HeartbeatRequest,
+        interval_s: float,
+        window: TrustWindow,
+        on_lost: Callable[[LeaseLost], None],
+        clock: Clock,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._open_stream = open_stream
+        self._first_request = first_request
+        self._interval_s = interval_s
+        self._window = window
+        self._on_lost = on_lost
+        self._clock = clock
+        self._backoff = backoff or Backoff(initial_s=0.05, max_s=max(interval_s, 0.05))
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.lost: LeaseLost | None = None
+        self.streams_opened = 0
+
+    @property
+    def running(self) -> bool:
+        """True while the keeper task has not finished."""
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        """Start the keeper task on the running loop."""
+        name = f"leasekeeper-heartbeat-{self._first_request.task_id}"
+        self._task = asyncio.get_running_loop().create_task(self._supervise(), name=name)
+
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop beating: half-close the stream and wait for the server's OK.
+
+        The lease stays HELD on the server until it expires or is released.
+        After ``timeout_s`` seconds the stream is cancelled instead. Idempotent.
+        """
+        self._stop.set()
+        task = self._task
+        if task is None or task.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        except asyncio.CancelledError:
+            task.cancel()  # never leave a heartbeat running behind a cancelled exit
+            raise
+
+    def _lose(self, error: LeaseLost) -> None:
+        if self.lost is None and not self._stop.is_set():
+            self.lost = error
+            self._on_lost(error)
+
+    def _lost_error(self, reason: str, cause: BaseException | None = None) -> LeaseLost:
+        request = self._first_request
+        error = LeaseLost(reason, request.task_id, request.fence)
+        error.__cause__ = cause
+        return error
+
+    async def _supervise(self) -> None:
+        while not self._stop.is_set():
+            if self._window.expired():
+                self._lose(self._lost_error("LEASE_EXPIRED"))
+                return
+            try:
+                clean = await self._stream_within_trust()
+            except LeaseLost as error:
+                self._lose(error)
+                return
+            except LeaseError as error:
+                if error.code not in _TRANSIENT_CODES:
+                    self._lose(self._lost_error(error.reason or _code_name(error), error))
+                    return
+                logger.info("heartbeat stream for %s failed: %s", self._task_name(), error)
+            except _StreamStalled:
+                logger.info("heartbeat stream for %s stalled; reopening", self._task_name())
+            except Exception as error:
+                logger.exception("heartbeat for %s failed", self._task_name())
+                self._lose(self._lost_error("INTERNAL", error))
+                return
+            else:
+                if clean:
+                    return
+                logger.info("heartbeat stream for %s ended early; reopening", self._task_name())
+            delay_s = min(self._backoff.next_delay_s(), max(self._window.remaining_s(), 0.0))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay_s)
+
+    def _task_name(self) -> str:
+        return f"{self._first_request.namespace}/{self._first_request.task_id}"
+
+    async def _stream_within_trust(self) -> bool:
+        """Run one stream until it ends; raise LeaseLost when trust runs out first."""
+        call = self._open_stream()
+        self.streams_opened += 1
+        stream = asyncio.get_running_loop().create_task(self._run_stream(call))
+        try:
+            while not stream.done():
+                remaining_s = self._window.remaining_s()
+                if remaining_s <= 0:
+                    raise self._lost_error("LEASE_EXPIRED")
+                await asyncio.wait({stream}, timeout=remaining_s)
+            return stream.result()
+        finally:
+            if not stream.done():
+                stream.cancel()
+                with contextlib.suppress(BaseException):
+                    await stream
+            call.cancel()
+
+    async def _run_stream(self, call: Any) -> bool:
+        """Beat on ``call``; True when it ended OK after our half-close."""
+        sent: deque[list[float]] = deque()  # [send_time, written_time] per unanswered beat
+        loop = asyncio.get_running_loop()
+        reader = loop.create_task(self._read(call, sent))
+        writer = loop.create_task(self._write(call, sent))
+        try:
+            await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_EXCEPTION)
+            if writer.done() and writer.exception() is not None:
+                raise writer.exception()  # type: ignore[misc]
+            await reader
+        finally:
+            for task in (reader, writer):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(reader, writer, return_exceptions=True)
+        return self._stop.is_set()
+
+    async def _write(self, call: Any, sent: deque[list[float]]) -> None:
+        request = self._first_request
+        while True:
+            # Measured from when the oldest unanswered beat left, not when it was
+            # queued: the first write also waits for the connection.
+            if sent and self._clock() - sent[0][1] > self._interval_s:
+                raise _StreamStalled()
+            # The trust window counts from before the send: the conservative end.
+            beat = [self._clock(), float("inf")]
+            sent.append(beat)
+            try:
+                await call.write(request)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                return  # the call is over; the reader reports its status
+            beat[1] = self._clock()
+            request = pb.HeartbeatRequest()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self._interval_s)
+            if self._stop.is_set():
+                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                    await call.done_writing()
+                return
+
+    async def _read(self, call: Any, sent: deque[list[float]]) -> None:
+        request = self._first_request
+        while True:
+            try:
+                response = await call.read()
+            except grpc.aio.AioRpcError as error:
+                raise from_rpc_error(error, task_id=request.task_id, fence=request.fence) from error
+            if response is grpc.aio.EOF:
+                return
+            if not sent:
+                continue  # more answers than beats: nothing to measure from
+            send_time = sent.popleft()[0]
+            self._window.confirm(
+                send_time, response.remaining_ttl.ToNanoseconds() / 1e9, renewed=response.renewed
+            )
+            self._backoff.reset()
+
+
+def _code_name(error: LeaseError) -> str:
+    return error.code.name if error.code is not None else "UNKNOWN"

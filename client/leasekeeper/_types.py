@@ -1,0 +1,220 @@
+"""Value types the client returns, and their conversion from and to protos.
+
+Durations go out as ``google.protobuf.Duration`` and come back as float
+seconds; instants come back as timezone-aware UTC ``datetime`` (database clock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import UTC, datetime, timedelta
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from .errors import InvalidArgument
+from .v1 import lease_service_pb2 as pb
+
+Seconds = float | int | timedelta
+"""A duration: a number of seconds, or a ``timedelta``."""
+
+TASK_STATES = ("FREE", "HELD", "EXPIRED", "COMPLETED")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    """A lease on one task, as the database saw it when the answer was made.
+
+    Attributes:
+        namespace: The task's namespace.
+        task_id: The task.
+        owner_id: The owner the lease was granted to (the last one when FREE/COMPLETED).
+        fence: The fencing token; 0 only for a task never claimed.
+        state: ``"FREE"``, ``"HELD"``, ``"EXPIRED"`` or ``"COMPLETED"``.
+        expire_time: When the lease ends unless renewed (UTC, database clock); None when FREE.
+        remaining_ttl: Seconds left on the lease (database clock); 0 when not live.
+        runtime_deadline: End of the runtime budget (UTC), or None.
+        claim_time: When the current fence was granted (UTC), or None.
+        end_reason: Why the last lease ended (a loss reason name), or None.
+    """
+
+    namespace: str
+    task_id: str
+    owner_id: str
+    fence: int
+    state: str
+    expire_time: datetime | None
+    remaining_ttl: float
+    runtime_deadline: datetime | None
+    claim_time: datetime | None
+    end_reason: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """The outcome of one Claim.
+
+    Attributes:
+        acquired: True when the caller holds the lease.
+        lease: The caller's lease when acquired, else None.
+        holder_remaining_ttl: When not acquired: seconds left on the holder's lease.
+        send_time: The client clock (``time.monotonic`` by default) when the request
+            was sent; the trust deadline is measured from it.
+        holder_expire_time: When not acquired: the holder's expire_time (UTC), if sent.
+    """
+
+    acquired: bool
+    lease: LeaseInfo | None
+    holder_remaining_ttl: float | None
+    send_time: float
+    holder_expire_time: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FenceCheck:
+    """The answer of ValidateFence.
+
+    Attributes:
+        valid: True iff the fence is current, its lease HELD and the task not COMPLETED.
+        current_fence: The task's current fence (0 for a task never claimed).
+        reason: Why not valid (a loss reason name), None when valid.
+        remaining_ttl: When valid: seconds left on the lease (database clock).
+        expire_time: When valid: the lease's expire_time (UTC).
+    """
+
+    valid: bool
+    current_fence: int
+    reason: str | None
+    remaining_ttl: float | None
+    expire_time: datetime | None = None
+
+
+def seconds(value: Seconds, name: str) -> float:
+    """Convert a duration to float seconds.
+
+    Args:
+        value: Seconds as a number, or a ``timedelta``.
+        name: The argument name, for the error.
+
+    Returns:
+        The duration in seconds.
+
+    Raises:
+        InvalidArgument: ``value`` is not finite or not a duration (raised locally).
+
+    """
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgument(
+            f"{name} must be a finite number of seconds or a timedelta, got {value!r}",
+            field_violations=[(name, "not a finite duration")],
+            code=None,
+        )
+    return float(value)
+
+
+def optional_seconds(value: Seconds | None, name: str) -> float | None:
+    """:func:`seconds`, with None passed through (same errors)."""
+    return None if value is None else seconds(value, name)
+
+
+def to_duration(value: Seconds | None, name: str) -> duration_pb2.Duration | None:
+    """Convert an optional duration to a ``Duration`` proto (None stays unset).
+
+    Raises:
+        InvalidArgument: ``value`` is not a finite duration (raised locally).
+
+    """
+    if value is None:
+        return None
+    message = duration_pb2.Duration()
+    message.FromNanoseconds(round(seconds(value, name) * 1e9))
+    return message
+
+
+def from_duration(message: duration_pb2.Duration) -> float:
+    """A ``Duration`` proto as float seconds."""
+    return message.ToNanoseconds() / 1e9
+
+
+def _instant(parent: object, field: str) -> datetime | None:
+    if not parent.HasField(field):  # type: ignore[attr-defined]
+        return None
+    stamp: timestamp_pb2.Timestamp = getattr(parent, field)
+    return stamp.ToDatetime(tzinfo=UTC)
+
+
+def enum_name(enum: object, value: int, prefix: str) -> str | None:
+    """An enum value's name without its prefix; None for the UNSPECIFIED value."""
+    if value == 0:
+        return None
+    try:
+        name: str = enum.Name(value)  # type: ignore[attr-defined]
+    except ValueError:  # a value newer than these stubs
+        return str(value)
+    return name.removeprefix(prefix)
+
+
+def lease_info(message: pb.Lease) -> LeaseInfo:
+    """Convert a ``Lease`` proto."""
+    return LeaseInfo(
+        namespace=message.namespace,
+        task_id=message.task_id,
+        owner_id=message.owner_id,
+        fence=message.fence,
+        state=enum_name(pb.TaskState, message.state, "TASK_STATE_") or "UNSPECIFIED",
+        expire_time=_instant(message, "expire_time"),
+        remaining_ttl=from_duration(message.remaining_ttl),
+        runtime_deadline=_instant(message, "runtime_deadline"),
+        claim_time=_instant(message, "claim_time"),
+        end_reason=enum_name(pb.LossReason, message.end_reason, "LOSS_REASON_"),
+    )
+
+
+def claim_result(message: pb.ClaimResponse, send_time: float) -> ClaimResult:
+    """Convert a ``ClaimResponse``; ``send_time`` is the client clock at sending."""
+    acquired = message.acquired
+    return ClaimResult(
+        acquired=acquired,
+        lease=lease_info(message.lease) if acquired else None,
+        holder_remaining_ttl=(
+            None
+            if acquired or not message.HasField("holder_remaining_ttl")
+            else from_duration(message.holder_remaining_ttl)
+        ),
+        send_time=send_time,
+        holder_expire_time=None if acquired else _instant(message, "holder_expire_time"),
+    )
+
+
+def fence_check(message: pb.ValidateFenceResponse) -> FenceCheck:
+    """Convert a ``ValidateFenceResponse``."""
+    return FenceCheck(
+        valid=message.valid,
+        current_fence=message.current_fence,
+        reason=enum_name(pb.LossReason, message.reason, "LOSS_REASON_"),
+        remaining_ttl=(
+            from_duration(message.remaining_ttl) if message.HasField("remaining_ttl") else None
+        ),
+        expire_time=_instant(message, "expire_time"),
+    )
+
+
+def task_state(state: str | None) -> int:
+    """A state name (``"HELD"`` or ``"TASK_STATE_HELD"``) as the ``TaskState`` value.
+
+    Raises:
+        InvalidArgument: Unknown state name (raised locally).
+
+    """
+    if state is None:
+        return pb.TASK_STATE_UNSPECIFIED
+    name = state.upper().removeprefix("TASK_STATE_")
+    if name not in TASK_STATES:
+        raise InvalidArgument(
+            f"state must be one of {', '.join(TASK_STATES)}, got {state!r}",
+            field_violations=[("state", "unknown task state")],
+            code=None,
+        )
+    return int(pb.TaskState.Value("TASK_STATE_" + name))

@@ -1,0 +1,395 @@
+"""LeaseClient: the asyncio client of ``leasekeeper.v1.LeaseService``.
+
+A thin layer over the generated stub: every RPC maps to one method, durations
+go in as seconds or ``timedelta`` and come back as float seconds, and every
+failed call is translated into a :mod:`leasekeeper.errors` class by its gRPC
+status code and ``ErrorInfo`` reason. The client never retries a call on its
+own, except inside :meth:`LeaseClient.hold`, which documents its retries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from . import _types
+from ._owner import OwnerIdentity
+from ._trust import Clock
+from ._types import ClaimResult, FenceCheck, LeaseInfo, Seconds
+from .errors import from_rpc_error
+from .lease import LeaseHold
+from .v1 import lease_service_pb2 as pb
+from .v1 import lease_service_pb2_grpc as pb_grpc
+
+DEFAULT_TARGET = "127.0.0.1:9457"
+DEFAULT_NAMESPACE = "default"
+DEFAULT_CALL_TIMEOUT_S = 10.0
+
+_Response = TypeVar("_Response")
+
+
+class LeaseClient:
+    """Claims, renews, releases and inspects leases in one namespace.
+
+    Use it as an async context manager, or call :meth:`close` when done. The
+    gRPC channel is opened on first use, inside the running event loop.
+
+    Example::
+
+        async with LeaseClient("127.0.0.1:9457", namespace="billing") as client:
+            async with client.hold("invoice-42", ttl=30.0, wait=60.0) as lease:
+                await send_invoice(metadata=lease.metadata())
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        namespace: str = DEFAULT_NAMESPACE,
+        owner_id: str | None = None,
+        channel: grpc.aio.Channel | None = None,
+        *,
+        call_timeout: Seconds | None = DEFAULT_CALL_TIMEOUT_S,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        """Create a client; no connection is made until the first call.
+
+        Args:
+            target: The server address (``host:port``, any gRPC target); unused
+                when ``channel`` is given.
+            namespace: The namespace of every task named by this client.
+            owner_id: This worker incarnation's owner id. None (recommended):
+                a fresh :func:`~leasekeeper.new_owner_id`, regenerated in a
+                forked child. An explicit id must never be used by two processes.
+            channel: A ``grpc.aio`` channel to use; the caller keeps ownership
+                (``close()`` does not close it). None: an insecure channel to
+                ``target``, owned and closed by the client.
+            call_timeout: Deadline of each unary call, in seconds (or a
+                ``timedelta``); None for no deadline. The heartbeat stream has none.
+            clock: Monotonic clock in seconds for send times and trust deadlines.
+
+        Raises:
+            InvalidArgument: ``call_timeout`` is not a finite duration (raised locally).
+
+        """
+        self._target = target
+        self._namespace = namespace
+        self._owner = OwnerIdentity(owner_id)
+        self._channel = channel
+        self._owns_channel = channel is None
+        self._stub: pb_grpc.LeaseServiceStub | None = None
+        self._call_timeout_s = _types.optional_seconds(call_timeout, "call_timeout")
+        self._clock = clock
+        self._held: set[str] = set()
+        self._closed = False
+
+    @property
+    def target(self) -> str:
+        """The server address given at construction."""
+        return self._target
+
+    @property
+    def namespace(self) -> str:
+        """The namespace of every task named by this client."""
+        return self._namespace
+
+    @property
+    def owner_id(self) -> str:
+        """This client's owner id (changes in a forked child when generated)."""
+        return self._owner.value
+
+    @property
+    def clock(self) -> Clock:
+        """The monotonic clock used for send times and trust deadlines."""
+        return self._clock
+
+    @property
+    def stub(self) -> pb_grpc.LeaseServiceStub:
+        """The generated stub (opens the channel on first use).
+
+        Raises:
+            RuntimeError: The client is closed.
+
+        """
+        if self._closed:
+            raise RuntimeError("LeaseClient is closed")
+        if self._stub is None:
+            if self._channel is None:
+                self._channel = grpc.aio.insecure_channel(self._target)
+            self._stub = pb_grpc.LeaseServiceStub(self._channel)
+        return self._stub
+
+    async def close(self) -> None:
+        """Close the channel if the client opened it; later calls fail. Idempotent."""
+        self._closed = True
+        channel, self._stub = self._channel, None
+        if channel is not None and self._owns_channel:
+            self._channel = None
+            await channel.close()
+
+    async def __aenter__(self) -> LeaseClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _call(
+        self,
+        rpc: Callable[..., Awaitable[_Response]],
+        request: Any,
+        *,
+        task_id: str | None = None,
+        fence: int | None = None,
+    ) -> _Response:
+        try:
+            return await rpc(request, timeout=self._call_timeout_s)
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(error, task_id=task_id, fence=fence) from error
+
+    async def claim(
+        self, task_id: str, ttl: Seconds | None = 30.0, max_runtime: Seconds | None = None
+    ) -> ClaimResult:
+        """Claim a task for this owner. One atomic decision on the database clock.
+
+        FREE or EXPIRED: granted with a fence one higher than the last. HELD by
+        this owner: the same lease back (a retried claim is safe). HELD by
+        another owner: ``acquired=False`` and the holder's remaining ttl.
+
+        Args:
+            task_id: The task (1-256 bytes UTF-8 by default, no control characters).
+            ttl: Lease length in seconds (or ``timedelta``), within the server's
+                ``[min_ttl, max_ttl]``; None for the server's default.
+            max_runtime: Runtime budget from the grant in seconds; no renewal
+                reaches past it. None: the server's maximum.
+
+        Returns:
+            The outcome; ``send_time`` is this client's clock when the request left.
+
+        Raises:
+            TaskCompleted: FAILED_PRECONDITION, the task is terminal.
+            InvalidArgument: INVALID_ARGUMENT (or raised locally for a non-finite duration).
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+            LeaseError: Any other status (e.g. DEADLINE_EXCEEDED: outcome unknown,
+                a retried claim returns the same lease).
+
+        """
+        request = pb.ClaimRequest(
+            namespace=self._namespace,
+            task_id=task_id,
+            owner_id=self.owner_id,
+            ttl=_types.to_duration(ttl, "ttl"),
+            max_runtime=_types.to_duration(max_runtime, "max_runtime"),
+        )
+        send_time = self._clock()
+        response = await self._call(self.stub.Claim, request, task_id=task_id)
+        return _types.claim_result(response, send_time)
+
+    async def renew(self, task_id: str, fence: int, ttl: Seconds | None = None) -> LeaseInfo:
+        """Renew a live lease: ``expire_time = least(db now + ttl, runtime_deadline)``.
+
+        Atomic; never revives an expired lease. Prefer :meth:`hold`, which keeps
+        a lease renewed over one stream.
+
+        Args:
+            task_id: The task.
+            fence: The lease's fence; >= 1.
+            ttl: New lease length in seconds from now (database clock); None for
+                the server's default.
+
+        Returns:
+            The renewed lease.
+
+        Raises:
+            LeaseLost: ABORTED with the reason (LEASE_EXPIRED, LEASE_SUPERSEDED, ...):
+                claim again, do not retry the renewal.
+            InvalidArgument: INVALID_ARGUMENT.
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.RenewRequest(
+            namespace=self._namespace,
+            task_id=task_id,
+            owner_id=self.owner_id,
+            fence=fence,
+            ttl=_types.to_duration(ttl, "ttl"),
+        )
+        response = await self._call(self.stub.Renew, request, task_id=task_id, fence=fence)
+        return _types.lease_info(response.lease)
+
+    async def release(self, task_id: str, fence: int, complete: bool = False) -> LeaseInfo:
+        """Release a lease (live or expired, unless a newer fence exists).
+
+        Atomic and idempotent: releasing again with the same fence answers OK.
+        The task becomes FREE, or COMPLETED (never granted again) with ``complete``.
+
+        Args:
+            task_id: The task.
+            fence: The lease's fence; >= 1.
+            complete: Mark the task COMPLETED.
+
+        Returns:
+            The task's lease after the release.
+
+        Raises:
+            LeaseLost: ABORTED: LEASE_SUPERSEDED (the newer lease is untouched),
+                NOT_OWNER, LEASE_REVOKED, TASK_COMPLETED, FENCE_UNKNOWN.
+            InvalidArgument: INVALID_ARGUMENT.
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.ReleaseRequest(
+            namespace=self._namespace,
+            task_id=task_id,
+            owner_id=self.owner_id,
+            fence=fence,
+            complete=complete,
+        )
+        response = await self._call(self.stub.Release, request, task_id=task_id, fence=fence)
+        return _types.lease_info(response.lease)
+
+    async def validate_fence(
+        self, task_id: str, fence: int, namespace: str | None = None
+    ) -> FenceCheck:
+        """Say whether ``fence`` may act now (database clock). Read-only.
+
+        Args:
+            task_id: The task.
+            fence: The fence to check; >= 1.
+            namespace: The task's namespace; None for this client's.
+
+        Returns:
+            ``valid`` iff the fence is current, its lease HELD and the task not
+            COMPLETED; otherwise the current fence and the reason.
+
+        Raises:
+            InvalidArgument: INVALID_ARGUMENT.
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.ValidateFenceRequest(
+            namespace=self._namespace if namespace is None else namespace,
+            task_id=task_id,
+            fence=fence,
+        )
+        response = await self._call(self.stub.ValidateFence, request, task_id=task_id, fence=fence)
+        return _types.fence_check(response)
+
+    async def get_lease(self, task_id: str) -> LeaseInfo:
+        """The task's current state, never a cached one.
+
+        Raises:
+            TaskNotFound: NOT_FOUND, the task was never claimed.
+            InvalidArgument: INVALID_ARGUMENT.
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.GetLeaseRequest(namespace=self._namespace, task_id=task_id)
+        response = await self._call(self.stub.GetLease, request, task_id=task_id)
+        return _types.lease_info(response.lease)
+
+    async def list_leases(
+        self, state: str | None = None, page_size: int = 100, page_token: str = ""
+    ) -> tuple[list[LeaseInfo], str]:
+        """One page of this namespace's tasks, ordered by task_id byte for byte.
+
+        Args:
+            state: Only tasks in this state (``"FREE"``, ``"HELD"``, ``"EXPIRED"``,
+                ``"COMPLETED"``); None for all.
+            page_size: At most this many (server maximum 1000).
+            page_token: From the previous page; empty for the first.
+
+        Returns:
+            ``(leases, next_page_token)``; the token is empty on the last page.
+
+        Raises:
+            InvalidArgument: INVALID_ARGUMENT (or locally for an unknown state).
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.ListLeasesRequest(
+            namespace=self._namespace,
+            state=_types.task_state(state),  # type: ignore[arg-type]
+            page_size=page_size,
+            page_token=page_token,
+        )
+        response = await self._call(self.stub.ListLeases, request)
+        return [_types.lease_info(lease) for lease in response.leases], response.next_page_token
+
+    async def iter_leases(
+        self, state: str | None = None, page_size: int = 100
+    ) -> AsyncIterator[LeaseInfo]:
+        """Every task of this namespace (optionally in one state), page by page.
+
+        Raises:
+            InvalidArgument: INVALID_ARGUMENT.
+            LeaseUnavailable: UNAVAILABLE, on any page.
+
+        """
+        token = ""
+        while True:
+            leases, token = await self.list_leases(state, page_size, token)
+            for lease in leases:
+                yield lease
+            if not token:
+                return
+
+    def hold(
+        self,
+        task_id: str,
+        ttl: Seconds | None = 30.0,
+        *,
+        max_runtime: Seconds | None = None,
+        wait: Seconds | None = None,
+        safety_margin: Seconds | None = None,
+        release_on_exit: bool = True,
+    ) -> LeaseHold:
+        """Claim a task, keep it renewed, and release it on exit.
+
+        ``async with client.hold("t") as lease:`` yields a
+        :class:`~leasekeeper.HeldLease`. See :class:`~leasekeeper.lease.LeaseHold`
+        for waiting, heartbeat, loss and exit behaviour.
+
+        Args:
+            task_id: The task.
+            ttl: Lease length in seconds (or ``timedelta``); renewed about every
+                ttl / 3. None: the server's default.
+            max_runtime: Runtime budget in seconds; None for the server's maximum.
+            wait: Seconds to keep trying while another owner holds the task
+                (exponential backoff with full jitter, never sleeping past the
+                holder's remaining ttl). None: one attempt.
+            safety_margin: Seconds subtracted from every confirmed remaining ttl
+                for the trust deadline. None: ``min(1 s, ttl / 10)``.
+            release_on_exit: Release the lease when the block exits.
+
+        Returns:
+            An async context manager; it raises, from ``async with``:
+            NotAcquired (``wait`` None) or ClaimTimeout when not acquired;
+            TaskCompleted (FAILED_PRECONDITION); LeaseUnavailable (UNAVAILABLE,
+            after retrying within ``wait``); InvalidArgument; and LeaseLost when
+            ownership is lost while the block runs.
+
+        """
+        return LeaseHold(
+            self,
+            task_id,
+            ttl_s=_types.optional_seconds(ttl, "ttl"),
+            max_runtime_s=_types.optional_seconds(max_runtime, "max_runtime"),
+            wait_s=_types.optional_seconds(wait, "wait"),
+            safety_margin_s=_types.optional_seconds(safety_margin, "safety_margin"),
+            release_on_exit=release_on_exit,
+        )
+
+    def _open_heartbeat(self) -> Any:
+        return self.stub.Heartbeat()
+
+    def _mark_held(self, task_id: str) -> bool:
+        """Reserve ``task_id`` for one hold() of this client; False if already held."""
+        if task_id in self._held:
+            return False
+        self._held.add(task_id)
+        return True
+
+    def _unmark_held(self, task_id: str) -> None:
+        self._held.discard(task_id)

@@ -1,0 +1,331 @@
+"""Client errors, and the one place that decodes a gRPC status into them.
+
+Hierarchy (every class is a :class:`LeaseError`)::
+
+    LeaseError                    any failed call; .code, .reason, .metadata
+    ├── LeaseLost                 ABORTED: ownership is gone (claim again, never retry)
+    ├── TaskCompleted             FAILED_PRECONDITION TASK_COMPLETED: the task is terminal
+    ├── ClaimTimeout              hold(): the task stayed held by another owner
+    │   └── NotAcquired           hold(wait=None): not acquired on the first claim
+    ├── LeaseUnavailable          UNAVAILABLE: database or server out of reach (retry the call)
+    ├── InvalidArgument           INVALID_ARGUMENT (also a ValueError); .field_violations
+    ├── TaskNotFound              NOT_FOUND TASK_NOT_FOUND (also a LookupError)
+    ├── StaleFence                an effect boundary refused a fence; .reason, .current_fence
+    └── MissingFence              fence metadata absent or malformed (also a ValueError)
+
+The server puts exactly one ``google.rpc.ErrorInfo`` (domain ``leasekeeper``) in
+the ``grpc-status-details-bin`` trailer of every non-OK status. Errors are chosen
+by status code and that reason, never by message text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+DOMAIN = "leasekeeper"
+"""The ``ErrorInfo.domain`` of every leasekeeper error."""
+
+LOSS_REASONS = frozenset(
+    {
+        "LEASE_EXPIRED",
+        "LEASE_SUPERSEDED",
+        "LEASE_RELEASED",
+        "LEASE_REVOKED",
+        "RUNTIME_EXCEEDED",
+        "TASK_COMPLETED",
+        "NOT_OWNER",
+        "FENCE_UNKNOWN",
+    }
+)
+"""The ``LossReason`` names without their ``LOSS_REASON_`` prefix."""
+
+FENCE_MISSING = "FENCE_MISSING"
+"""Reason an effect boundary gives for absent or malformed fence metadata."""
+
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+class LeaseError(Exception):
+    """A leasekeeper call failed.
+
+    Attributes:
+        code: The gRPC status code behind the error (None when raised locally).
+        reason: The ``ErrorInfo`` reason (e.g. ``"LEASE_SUPERSEDED"``), or None
+            when the status carried no leasekeeper ``ErrorInfo`` (a proxy, a
+            transport failure).
+        metadata: The ``ErrorInfo`` metadata: dynamic values as strings.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: grpc.StatusCode | None = None,
+        reason: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.metadata: dict[str, str] = dict(metadata or {})
+
+    @property
+    def retryable(self) -> bool:
+        """True when the same call may simply be sent again (UNAVAILABLE)."""
+        return self.code is grpc.StatusCode.UNAVAILABLE
+
+
+class LeaseLost(LeaseError):
+    """Ownership of the lease is gone: stop, commit nothing, claim again.
+
+    Raised from RPCs as ABORTED, and by ``hold()`` when the server ends the
+    heartbeat with a reason or the local trust deadline passes (reason
+    ``LEASE_EXPIRED``).
+
+    Attributes:
+        task_id: The task, when known.
+        fence: The fence that was lost, when known.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        task_id: str | None = None,
+        fence: int | None = None,
+        *,
+        message: str | None = None,
+        code: grpc.StatusCode | None = grpc.StatusCode.ABORTED,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        text = message or f"lease lost: {reason}"
+        if task_id is not None:
+            text += f" (task_id={task_id!r}, fence={fence})"
+        super().__init__(text, code=code, reason=reason, metadata=metadata)
+        self.task_id = task_id
+        self.fence = fence
+
+    @property
+    def current_fence(self) -> int | None:
+        """The task's current fence from the error metadata, when the server sent it."""
+        return _int_or_none(self.metadata.get("current_fence"))
+
+
+class TaskCompleted(LeaseError):
+    """The task is COMPLETED: no claim is ever granted again (FAILED_PRECONDITION)."""
+
+
+class ClaimTimeout(LeaseError):
+    """``hold()`` could not acquire the task before its wait ran out.
+
+    Attributes:
+        task_id: The task.
+        holder_remaining_ttl: The current holder's remaining ttl in seconds at
+            the last attempt, when the server reported one.
+    """
+
+    def __init__(
+        self, message: str, *, task_id: str, holder_remaining_ttl: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.holder_remaining_ttl = holder_remaining_ttl
+
+
+class NotAcquired(ClaimTimeout):
+    """``hold(wait=None)``: the task is held by another owner; no wait was asked."""
+
+
+class LeaseUnavailable(LeaseError):
+    """The database or server is out of reach, or shutting down (UNAVAILABLE).
+
+    The call changed nothing that a retry could not repeat: it is safe to retry.
+    """
+
+
+class InvalidArgument(LeaseError, ValueError):
+    """The request was malformed and changed nothing (INVALID_ARGUMENT).
+
+    Attributes:
+        field_violations: ``(field, description)`` pairs from ``google.rpc.BadRequest``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field_violations: Iterable[tuple[str, str]] = (),
+        code: grpc.StatusCode | None = grpc.StatusCode.INVALID_ARGUMENT,
+        reason: str | None = "INVALID_ARGUMENT",
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, code=code, reason=reason, metadata=metadata)
+        self.field_violations: tuple[tuple[str, str], ...] = tuple(field_violations)
+
+    @property
+    def field(self) -> str | None:
+        """The first offending field, or the ``field`` ErrorInfo metadata value."""
+        if self.field_violations:
+            return self.field_violations[0][0]
+        return self.metadata.get("field")
+
+
+class TaskNotFound(LeaseError, LookupError):
+    """The task was never claimed (NOT_FOUND, reason TASK_NOT_FOUND)."""
+
+
+class StaleFence(LeaseError):
+    """A fence may not act now: it is not the task's current, live fence.
+
+    Attributes:
+        reason: Why (a loss reason such as ``LEASE_SUPERSEDED``).
+        current_fence: The task's current fence (0 for a task never claimed).
+        namespace: The task's namespace.
+        task_id: The task.
+        fence: The refused fence.
+    """
+
+    def __init__(
+        self, reason: str, current_fence: int, namespace: str, task_id: str, fence: int
+    ) -> None:
+        super().__init__(
+            f"stale fence {fence} for {namespace}/{task_id}: {reason} "
+            f"(current fence {current_fence})",
+            code=grpc.StatusCode.ABORTED,
+            reason=reason,
+            metadata={
+                "current_fence": str(current_fence),
+                "namespace": namespace,
+                "task_id": task_id,
+                "fence": str(fence),
+            },
+        )
+        self.current_fence = current_fence
+        self.namespace = namespace
+        self.task_id = task_id
+        self.fence = fence
+
+
+class MissingFence(LeaseError, ValueError):
+    """Fence metadata is absent or malformed.
+
+    Attributes:
+        key: The missing or malformed metadata key, e.g. ``"leasekeeper-fence"``.
+    """
+
+    def __init__(self, key: str, problem: str = "missing") -> None:
+        super().__init__(
+            f"metadata {key!r} is {problem}", reason=FENCE_MISSING, metadata={"key": key}
+        )
+        self.key = key
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def rich_status_of(error: grpc.RpcError) -> status_pb2.Status | None:
+    """Decode the ``google.rpc.Status`` in an RPC error's trailing metadata.
+
+    Unlike ``grpc_status.rpc_status.from_call`` this never raises: a status
+    whose code or message disagrees with the call is still decoded.
+
+    Args:
+        error: A ``grpc.aio.AioRpcError`` or a ``grpc.RpcError`` that is a ``grpc.Call``.
+
+    Returns:
+        The decoded status, or None when absent or undecodable.
+
+    """
+    trailing = getattr(error, "trailing_metadata", None)
+    pairs: Any = trailing() if callable(trailing) else None
+    for key, value in pairs or ():
+        if key == _STATUS_DETAILS_KEY and isinstance(value, bytes):
+            try:
+                return status_pb2.Status.FromString(value)
+            except Exception:  # a malformed trailer is treated as absent
+                return None
+    return None
+
+
+def error_details(
+    status: status_pb2.Status | None,
+) -> tuple[str | None, dict[str, str], tuple[tuple[str, str], ...]]:
+    """Extract the leasekeeper ``ErrorInfo`` and ``BadRequest`` from a status.
+
+    Args:
+        status: A decoded ``google.rpc.Status`` (or None).
+
+    Returns:
+        ``(reason, metadata, field_violations)``; reason is None when no
+        ``ErrorInfo`` of domain ``leasekeeper`` is present.
+
+    """
+    reason: str | None = None
+    metadata: dict[str, str] = {}
+    violations: list[tuple[str, str]] = []
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            if info.domain == DOMAIN and reason is None:
+                reason, metadata = info.reason, dict(info.metadata)
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            violations.extend((v.field, v.description) for v in bad.field_violations)
+    return reason, metadata, tuple(violations)
+
+
+def from_rpc_error(
+    error: grpc.RpcError, *, task_id: str | None = None, fence: int | None = None
+) -> LeaseError:
+    """Translate a failed RPC into the matching :class:`LeaseError`.
+
+    ====================  =====================  ==================
+    status code           reason                 error
+    ====================  =====================  ==================
+    ABORTED               FENCE_MISSING          MissingFence
+    ABORTED               any other / none       LeaseLost
+    FAILED_PRECONDITION   TASK_COMPLETED         TaskCompleted
+    INVALID_ARGUMENT      any                    InvalidArgument
+    NOT_FOUND             any                    TaskNotFound
+    UNAVAILABLE           any (or none)          LeaseUnavailable
+    anything else         any                    LeaseError
+    ====================  =====================  ==================
+
+    Args:
+        error: The ``grpc.aio.AioRpcError`` (or sync ``grpc.RpcError``) raised by the call.
+        task_id: The task the call was about, recorded on ``LeaseLost``.
+        fence: The fence the call used, recorded on ``LeaseLost``.
+
+    Returns:
+        The error to raise (the caller chains ``error`` as its cause).
+
+    """
+    code_fn = getattr(error, "code", None)
+    code = code_fn() if callable(code_fn) else grpc.StatusCode.UNKNOWN
+    details_fn = getattr(error, "details", None)
+    message = (details_fn() if callable(details_fn) else None) or str(code)
+    reason, metadata, violations = error_details(rich_status_of(error))
+    if code is grpc.StatusCode.ABORTED:
+        if reason == FENCE_MISSING:
+            return MissingFence(metadata.get("key", "leasekeeper-fence"))
+        return LeaseLost(reason or "UNKNOWN", task_id, fence, message=message, metadata=metadata)
+    if code is grpc.StatusCode.FAILED_PRECONDITION and reason == "TASK_COMPLETED":
+        return TaskCompleted(message, code=code, reason=reason, metadata=metadata)
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidArgument(
+            message, field_violations=violations, reason=reason, metadata=metadata
+        )
+    if code is grpc.StatusCode.NOT_FOUND:
+        return TaskNotFound(message, code=code, reason=reason, metadata=metadata)
+    if code is grpc.StatusCode.UNAVAILABLE:
+        return LeaseUnavailable(message, code=code, reason=reason, metadata=metadata)
+    return LeaseError(message, code=code, reason=reason, metadata=metadata)

@@ -1,0 +1,379 @@
+"""Holding a lease: ``async with client.hold(task_id) as lease``.
+
+:class:`LeaseHold` is the async context manager returned by
+``LeaseClient.hold``; it yields a :class:`HeldLease`.
+
+Entering claims the task (waiting for it if asked), starts one heartbeat
+stream renewing about every ttl / 3, and sets the trust deadline from the
+claim. While the block runs the heartbeat moves the deadline after each
+confirmed renewal (``send_time + remaining_ttl - safety_margin`` on the
+client's monotonic clock).
+
+When ownership is lost -- the server ends the heartbeat with a reason, or the
+trust deadline passes without a confirmed renewal, however healthy the stream
+looks -- the task running the block is cancelled, as ``asyncio.timeout`` does,
+and the ``async with`` raises :class:`~leasekeeper.LeaseLost` (reason
+``LEASE_EXPIRED`` for a passed trust deadline, the server's reason otherwise).
+
+Exiting stops the heartbeat (half-close) and releases the lease (best effort:
+a failed release is logged; the lease then ends by its ttl). An exception
+raised by the block propagates unchanged; the lease is released all the same.
+A block that exits normally after the trust deadline passed raises
+``LeaseLost``: its work may have run without the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from ._backoff import Backoff
+from ._heartbeat import HeartbeatKeeper
+from ._trust import TrustWindow, default_safety_margin
+from ._types import ClaimResult, LeaseInfo, to_duration
+from .errors import (
+    ClaimTimeout,
+    LeaseError,
+    LeaseLost,
+    LeaseUnavailable,
+    NotAcquired,
+)
+from .fencing import FenceRef
+from .v1 import lease_service_pb2 as pb
+
+if TYPE_CHECKING:
+    from .client import LeaseClient
+
+logger = logging.getLogger("leasekeeper.lease")
+
+# A lease lost for one of these reasons belongs to someone else (or to nobody
+# ever again): releasing it is pointless.
+_NOT_OURS = frozenset(
+    {
+        "LEASE_SUPERSEDED",
+        "LEASE_RELEASED",
+        "LEASE_REVOKED",
+        "TASK_COMPLETED",
+        "NOT_OWNER",
+        "FENCE_UNKNOWN",
+    }
+)
+MIN_BEAT_INTERVAL_S = 0.01
+CLAIM_BACKOFF_INITIAL_S = 0.05
+CLAIM_BACKOFF_MAX_S = 2.0
+
+
+class HeldLease:
+    """A lease held inside ``async with client.hold(...)``.
+
+    Pass :meth:`metadata` to every side effect, and :meth:`check` before
+    starting each piece of work.
+    """
+
+    def __init__(self, client: LeaseClient, info: LeaseInfo, window: TrustWindow) -> None:
+        self._client = client
+        self._info = info
+        self._window = window
+        self._keeper: HeartbeatKeeper | None = None
+        self._loss: LeaseLost | None = None
+        self._body_task: asyncio.Task[object] | None = None
+        self._body_active = False
+        self._cancelled_body = False
+        self._releasing = False
+        self._released = False
+        self._completed = False
+
+    @property
+    def task_id(self) -> str:
+        """The task."""
+        return self._info.task_id
+
+    @property
+    def namespace(self) -> str:
+        """The task's namespace."""
+        return self._info.namespace
+
+    @property
+    def owner_id(self) -> str:
+        """The owner the lease was granted to."""
+        return self._info.owner_id
+
+    @property
+    def fence(self) -> int:
+        """The fencing token of this lease."""
+        return self._info.fence
+
+    @property
+    def info(self) -> LeaseInfo:
+        """The lease as granted by the claim."""
+        return self._info
+
+    @property
+    def ref(self) -> FenceRef:
+        """``(namespace, task_id, fence)`` as a :class:`~leasekeeper.FenceRef`."""
+        return FenceRef(self.namespace, self.task_id, self.fence)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The gRPC metadata carrying the lease to an effect boundary.
+
+        Returns:
+            ``(("leasekeeper-namespace", ns), ("leasekeeper-task-id", id),
+            ("leasekeeper-fence", str(fence)))``.
+
+        """
+        return self.ref.metadata()
+
+    @property
+    def lost(self) -> bool:
+        """True once ownership is lost: reported by the server or trust deadline passed."""
+        return self.loss is not None
+
+    @property
+    def loss(self) -> LeaseLost | None:
+        """The loss, or None while the lease is trusted (or after :meth:`complete`)."""
+        if self._completed:
+            return None
+        if self._loss is None and self._window.expired():
+            self._loss = LeaseLost("LEASE_EXPIRED", self.task_id, self.fence)
+        return self._loss
+
+    def check(self) -> None:
+        """Raise if the lease may not be acted on any more.
+
+        Raises:
+            LeaseLost: The lease is lost (reason from the server, or LEASE_EXPIRED
+                for a passed trust deadline).
+
+        """
+        loss = self.loss
+        if loss is not None:
+            raise loss
+
+    def remaining_s(self) -> float:
+        """Seconds left until the trust deadline on the client's monotonic clock (>= 0)."""
+        return max(self._window.remaining_s(), 0.0)
+
+    async def complete(self) -> LeaseInfo:
+        """Mark the task COMPLETED now (release with ``complete=True``), then stop the heartbeat.
+
+        The block's exit then releases nothing. Idempotent once it succeeded.
+
+        Returns:
+            The task's lease, now COMPLETED.
+
+        Raises:
+            LeaseLost: The lease was already lost (nothing is sent), or the server
+                refused with ABORTED (e.g. LEASE_SUPERSEDED): the task is not completed.
+            LeaseUnavailable: UNAVAILABLE: the task is not completed, the heartbeat
+                goes on; safe to call again.
+
+        """
+        if self._completed:
+            return self._info
+        self.check()
+        self._releasing = True  # the server ends the heartbeat once completed: not a loss
+        try:
+            info = await self._client.release(self.task_id, self.fence, complete=True)
+        except LeaseLost as error:
+            self._loss = self._loss or error
+            raise
+        except LeaseError as error:
+            if self._loss is not None:
+                raise self._loss from error
+            raise
+        finally:
+            self._releasing = False
+        self._info, self._completed, self._released, self._loss = info, True, True, None
+        if self._keeper is not None:
+            await self._keeper.stop()
+        return info
+
+    def _on_lost(self, error: LeaseLost) -> None:
+        """Called by the heartbeat, in its own task, when ownership is lost."""
+        if self._loss is None or self._loss.reason == "LEASE_EXPIRED":
+            self._loss = error
+        if self._releasing or not self._body_active or self._body_task is None:
+            return
+        self._cancelled_body = True
+        self._body_task.cancel()
+
+    async def _finish(self, release: bool) -> None:
+        """Stop the heartbeat and release (best effort)."""
+        if self._keeper is not None:
+            await self._keeper.stop()
+        if not release or self._released:
+            return
+        self._released = True
+        loss = self._loss
+        if loss is not None and loss.reason in _NOT_OURS:
+            return
+        try:
+            await self._client.release(self.task_id, self.fence)
+        except LeaseLost:
+            pass  # already gone; nothing to give back
+        except LeaseError as error:
+            logger.warning(
+                "release of %s/%s fence %d failed (the lease ends by its ttl): %s",
+                self.namespace,
+                self.task_id,
+                self.fence,
+                error,
+            )
+
+
+class LeaseHold:
+    """``async with client.hold(...) as lease``: claim, keep renewed, release.
+
+    Entering:
+
+    * claims the task; when another owner holds it and ``wait_s`` is set,
+      retries with exponential backoff and full jitter (never sleeping past the
+      holder's remaining ttl) until ``wait_s`` seconds have passed, then raises
+      ``ClaimTimeout``; with ``wait_s`` None raises ``NotAcquired`` at once;
+    * UNAVAILABLE is retried the same way within ``wait_s`` (a retried claim is
+      safe: the same owner gets the same lease back), else raised as
+      ``LeaseUnavailable``; ``TaskCompleted`` and ``InvalidArgument`` are raised;
+    * a second ``hold()`` of the same task on the same client counts as "held by
+      another owner" until the first exits (the server cannot tell them apart:
+      both are this client's owner id).
+
+    The trust safety margin defaults to ``min(1 s, ttl / 10)``; beats go every
+    ttl / 3. With ``ttl_s`` None (the server's default ttl) the granted
+    remaining ttl stands in for ttl.
+    """
+
+    def __init__(
+        self,
+        client: LeaseClient,
+        task_id: str,
+        *,
+        ttl_s: float | None,
+        max_runtime_s: float | None,
+        wait_s: float | None,
+        safety_margin_s: float | None,
+        release_on_exit: bool,
+    ) -> None:
+        self._client = client
+        self._task_id = task_id
+        self._ttl_s = ttl_s
+        self._max_runtime_s = max_runtime_s
+        self._wait_s = wait_s
+        self._safety_margin_s = safety_margin_s
+        self._release_on_exit = release_on_exit
+        self._lease: HeldLease | None = None
+        self._task: asyncio.Task[object] | None = None
+        self._cancelling = 0
+
+    async def __aenter__(self) -> HeldLease:
+        if self._lease is not None:
+            raise RuntimeError("a LeaseHold can be entered only once")
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("hold() must be used inside an asyncio task")
+        self._task, self._cancelling = task, task.cancelling()
+        result = await self._acquire()
+        try:
+            self._lease = self._start(result, task)
+        except BaseException:
+            self._client._unmark_held(self._task_id)
+            raise
+        if self._lease._window.expired():  # the grant arrived too late to act on
+            await self._exit_cleanup()
+            raise LeaseLost("LEASE_EXPIRED", self._task_id, self._lease.fence)
+        self._lease._body_active = True
+        return self._lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease = self._lease
+        assert lease is not None and self._task is not None
+        lease._body_active = False  # before any await: no cancellation lands in here
+        loss = lease.loss  # judged now: the cleanup's own time must not count against the block
+        await self._exit_cleanup()
+        if lease._cancelled_body:
+            mine = self._task.uncancel() <= self._cancelling
+            if mine and (exc is None or isinstance(exc, asyncio.CancelledError)):
+                raise (loss or LeaseLost("LEASE_EXPIRED", lease.task_id, lease.fence)) from exc
+            return
+        if exc is None and loss is not None:
+            raise loss
+
+    async def _exit_cleanup(self) -> None:
+        assert self._lease is not None
+        try:
+            await self._lease._finish(release=self._release_on_exit)
+        finally:
+            self._client._unmark_held(self._task_id)
+
+    def _start(self, result: ClaimResult, task: asyncio.Task[object]) -> HeldLease:
+        assert result.lease is not None
+        client, info = self._client, result.lease
+        ttl_s = self._ttl_s if self._ttl_s is not None else info.remaining_ttl
+        margin_s = (
+            self._safety_margin_s
+            if self._safety_margin_s is not None
+            else default_safety_margin(ttl_s)
+        )
+        window = TrustWindow(margin_s, client.clock)
+        window.confirm(result.send_time, info.remaining_ttl)
+        lease = HeldLease(client, info, window)
+        lease._body_task = task
+        first = pb.HeartbeatRequest(
+            namespace=info.namespace,
+            task_id=info.task_id,
+            owner_id=info.owner_id,
+            fence=info.fence,
+            ttl=to_duration(self._ttl_s, "ttl"),
+        )
+        lease._keeper = HeartbeatKeeper(
+            open_stream=client._open_heartbeat,
+            first_request=first,
+            interval_s=max(ttl_s / 3.0, MIN_BEAT_INTERVAL_S),
+            window=window,
+            on_lost=lease._on_lost,
+            clock=client.clock,
+        )
+        lease._keeper.start()
+        return lease
+
+    async def _acquire(self) -> ClaimResult:
+        client, clock = self._client, self._client.clock
+        deadline = None if self._wait_s is None else clock() + self._wait_s
+        backoff = Backoff(CLAIM_BACKOFF_INITIAL_S, CLAIM_BACKOFF_MAX_S)
+        while True:
+            hint_s: float | None = None
+            if client._mark_held(self._task_id):
+                try:
+                    result = await client.claim(self._task_id, self._ttl_s, self._max_runtime_s)
+                except LeaseUnavailable:
+                    client._unmark_held(self._task_id)
+                    if deadline is None or clock() >= deadline:
+                        raise
+                except BaseException:
+                    client._unmark_held(self._task_id)
+                    raise
+                else:
+                    if result.acquired:
+                        return result
+                    client._unmark_held(self._task_id)
+                    hint_s = result.holder_remaining_ttl
+            if deadline is None:
+                raise NotAcquired(
+                    f"task {self._task_id!r} is held by another owner",
+                    task_id=self._task_id,
+                    holder_remaining_ttl=hint_s,
+                )
+            left_s = deadline - clock()
+            if left_s <= 0:
+                raise ClaimTimeout(
+                    f"task {self._task_id!r} still held by another owner after {self._wait_s} s",
+                    task_id=self._task_id,
+                    holder_remaining_ttl=hint_s,
+                )
+            await asyncio.sleep(min(backoff.next_delay_s(hint_s), left_s))
