@@ -1,0 +1,57 @@
+"""The operator commands `leasekeeper leases list|get` against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from leasekeeper.v1 import lease_service_pb2 as pb
+from tests.helpers import dur
+
+
+async def _cli(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "leasekeeper_server.cli",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_leases_get_held_task_prints_its_lease(server, stub, namespace):
+    await stub.Claim(pb.ClaimRequest(namespace=namespace, task_id="t1", owner_id="w", ttl=dur(30)))
+    code, out, _ = await _cli("leases", "--target", server.target, "-n", namespace, "get", "t1")
+    assert code == 0
+    shown = json.loads(out)
+    assert (shown["task_id"], shown["owner_id"], shown["fence"], shown["state"]) == (
+        "t1",
+        "w",
+        1,
+        "HELD",
+    )
+
+
+async def test_leases_get_unknown_task_exits_1(server, namespace):
+    code, _, err = await _cli("leases", "--target", server.target, "-n", namespace, "get", "nope")
+    assert code == 1
+    assert "not found" in err
+
+
+async def test_leases_list_state_filter_lists_only_that_state(server, stub, namespace):
+    for task_id in ("a", "b", "c"):
+        await stub.Claim(
+            pb.ClaimRequest(namespace=namespace, task_id=task_id, owner_id="w", ttl=dur(30))
+        )
+    await stub.Release(pb.ReleaseRequest(namespace=namespace, task_id="b", owner_id="w", fence=1))
+    code, out, _ = await _cli(
+        "leases", "--target", server.target, "-n", namespace, "list", "--state", "HELD"
+    )
+    assert code == 0
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert [(x["task_id"], x["state"]) for x in listed] == [("a", "HELD"), ("c", "HELD")]
