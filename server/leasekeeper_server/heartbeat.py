@@ -124,8 +124,11 @@ class _Stream:
                         await self._beat(message)
                         reader = asyncio.ensure_future(self._context.read())
                     elif waiters["changed"] in done or not done:
-                        changed.clear()
-                        waiters["changed"] = asyncio.ensure_future(changed.wait())
+                        if waiters["changed"].done():
+                            # Only a finished waiter is replaced: on a timer wake-up the
+                            # pending one must live on (an orphan would leak until GC).
+                            changed.clear()
+                            waiters["changed"] = asyncio.ensure_future(changed.wait())
                         await self._check()
             finally:
                 for waiter in (*waiters.values(), reader):

@@ -1,0 +1,203 @@
+"""Real ``leasekeeper serve`` processes for fault tests.
+
+A server is started in a session (process group) of its own, so a signal
+reaches it even under the ``faketime`` wrapper (which forks and waits for its
+child), and so a kill in a ``finally`` leaves nothing behind. It listens on
+``127.0.0.1:0``; its port is read from its own log line ("serving on ...
+(port N)"), so no port is ever guessed. Output goes to a file, read back by
+``logs()`` for failure messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_PORT_LINE = re.compile(r"serving on \S+ \(port (\d+)\)")
+
+
+def leasekeeper_command() -> list[str]:
+    """The ``leasekeeper`` console script of this interpreter's environment."""
+    script = Path(sys.executable).with_name("leasekeeper")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "leasekeeper_server.cli"]
+
+
+def faketime_prefix(offset: str | None) -> list[str]:
+    """``faketime -f OFFSET`` (e.g. ``'+1h'``), or nothing for the real clock.
+
+    Raises:
+        FileNotFoundError: libfaketime's ``faketime`` command is not installed.
+    """
+    if offset is None:
+        return []
+    if shutil.which("faketime") is None:
+        raise FileNotFoundError("faketime not installed (apt-get install faketime)")
+    return ["faketime", "-f", offset]
+
+
+class ServerProcess:
+    """A ``leasekeeper serve`` subprocess, its port and its log."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path) -> None:
+        self.proc = proc
+        self.log_path = log_path
+        self.port = 0
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def logs(self) -> str:
+        """Everything the process wrote so far (stdout and stderr)."""
+        return self.log_path.read_text(errors="replace")
+
+    def send_signal(self, sig: int) -> None:
+        """Sends ``sig`` to the server's process group (reaching it through faketime)."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    async def wait_exit(self, timeout_s: float) -> int:
+        """The exit code, waiting at most ``timeout_s``.
+
+        Raises:
+            TimeoutError: the process is still running.
+        """
+        return await asyncio.wait_for(self.proc.wait(), timeout_s)
+
+    async def kill(self) -> None:
+        """SIGKILLs the whole process group and reaps it."""
+        self.send_signal(signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), 5)
+
+    async def wait_serving(self, timeout_s: float) -> None:
+        """Waits until the log names the port and health says SERVING.
+
+        Raises:
+            AssertionError: the process exited or did not serve in time (with its log).
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.returncode is not None:
+                raise AssertionError(
+                    f"server exited with {self.proc.returncode} before serving:\n{self.logs()}"
+                )
+            if not self.port:
+                match = _PORT_LINE.search(self.logs())
+                if match:
+                    self.port = int(match.group(1))
+            if self.port and await health_status(self.target, 0.5) == SERVING:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"server not SERVING after {timeout_s} s:\n{self.logs()}")
+
+
+async def health_status(target: str, timeout_s: float, service: str = "") -> int | None:
+    """The health Check answer of ``target``, or None when it does not answer."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return None
+        return reply.status
+
+
+def server_env(database_url: str, **settings: object) -> dict[str, str]:
+    """The environment for a server: this one plus ``LEASEKEEPER_<NAME>`` for each setting.
+
+    Inherited ``LEASEKEEPER_*`` and ``FAKETIME*`` variables are dropped: a
+    server's settings and clock are what the test says, nothing else.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEASEKEEPER_", "FAKETIME"))}
+    env["LEASEKEEPER_DATABASE_URL"] = database_url
+    env["LEASEKEEPER_LISTEN"] = "127.0.0.1:0"
+    for name, value in settings.items():
+        env[f"LEASEKEEPER_{name.upper()}"] = str(value)
+    return env
+
+
+def _new_log(log_dir: Path) -> Path:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return log_dir / f"server-{time.monotonic_ns()}.log"
+
+
+@contextlib.asynccontextmanager
+async def server_process(
+    log_dir: Path,
+    env: Mapping[str, str],
+    prefix: Sequence[str] = (),
+    startup_timeout_s: float = 20.0,
+) -> AsyncIterator[ServerProcess]:
+    """Starts ``[*prefix, leasekeeper, serve]`` and waits until it is SERVING.
+
+    The process is killed (SIGKILL to its group) on exit unless it has
+    already ended. Its working directory is ``log_dir``, so no ``.env`` file
+    of the project is read.
+    """
+    log_path = _new_log(log_dir)
+    with log_path.open("wb") as log_file:
+        proc = await asyncio.create_subprocess_exec(
+            *prefix,
+            *leasekeeper_command(),
+            "serve",
+            env=dict(env),
+            cwd=log_dir,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = ServerProcess(proc, log_path)
+    try:
+        await server.wait_serving(startup_timeout_s)
+        yield server
+    finally:
+        await server.kill()
+
+
+async def run_python(
+    script: Path,
+    args: Sequence[str],
+    prefix: Sequence[str] = (),
+    timeout_s: float = 30.0,
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, str, str]:
+    """Runs a Python script (under ``prefix``, e.g. faketime); returns (code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        *prefix,
+        sys.executable,
+        str(script),
+        *args,
+        env=dict(env) if env is not None else None,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
