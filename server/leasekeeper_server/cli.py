@@ -46,12 +46,13 @@ async def _serve(settings: Settings) -> None:
     dsn, embedded = resolve_database(settings)
     server = LeaseServer(settings, dsn)
     try:
-        await server.start()
+        port = await server.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        print(f"leasekeeper listening on {settings.listen}", flush=True)
+        host = settings.listen.rpartition(":")[0]
+        print(f"leasekeeper listening on {host}:{port}", flush=True)
         await stop.wait()
         log.info("signal received: draining (grace %.1f s)", settings.shutdown_grace_s)
         await server.stop()

@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 import grpc
+
 from leasekeeper.v1 import lease_service_pb2 as pb
 
 from . import validate

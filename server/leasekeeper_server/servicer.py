@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+
 from leasekeeper.v1 import lease_service_pb2 as pb
 
 from . import convert, validate

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
+
 from leasekeeper.v1 import lease_service_pb2 as pb
 
 from .errors import InvalidArgument

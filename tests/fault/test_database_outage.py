@@ -22,9 +22,9 @@ import asyncpg
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-
 from tests.conftest import RunningServer, running_server
 from tests.fault.proxy import TcpProxy, tcp_proxy
 from tests.helpers import dur, error_info

@@ -19,9 +19,9 @@ import asyncpg
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-
 from tests.fault.processes import NOT_SERVING, SERVING, ServerProcess, server_env, server_process
 from tests.helpers import dur, error_info
 

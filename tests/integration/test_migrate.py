@@ -11,6 +11,7 @@ import pytest
 
 from leasekeeper_server import migrate as migrate_module
 
+
 @pytest.fixture
 async def fresh_database_url(database_url):
     """An empty database on the same server as the session's."""

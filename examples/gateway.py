@@ -1,0 +1,352 @@
+"""An effect gateway: the side-effect boundary that refuses stale fences.
+
+Workers call ``/demo.v1.Gateway/Send`` (JSON bytes in and out, no proto) with
+their lease in the gRPC metadata (``HeldLease.metadata()``). Every fence is
+checked twice:
+
+1. by leasekeeper's :class:`~leasekeeper.FenceInterceptor`, which asks the
+   lease service (ValidateFence, database clock) just before the handler runs
+   and answers ABORTED to a stale or missing fence;
+2. by the gateway's own ledger, in the same SQLite transaction as the send:
+   a conditional upsert of the highest fence accepted per (namespace, task_id)
+   that refuses a lower fence. This closes the window the first check leaves
+   (the lease can be lost between ValidateFence and the insert), and keeps
+   refusing an old fence even if the lease service is wrong or bypassed.
+
+Sends carry an ``effect_key`` (idempotency key): a second send of the same
+effect for the same task records nothing and answers ``duplicate`` with the
+first send's id, whatever its fence (a send is irreversible).
+
+Every accepted send and every refusal prints one line on stdout.
+
+Usage::
+
+    python examples/gateway.py --leasekeeper 127.0.0.1:9457 --db /tmp/gateway.sqlite3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sqlite3
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from leasekeeper import (
+    FenceChecker,
+    FenceInterceptor,
+    FenceRef,
+    LeaseClient,
+    MissingFence,
+    fence_from_metadata,
+)
+
+SEND_METHOD = "/demo.v1.Gateway/Send"
+ERROR_DOMAIN = "demo.gateway"
+FENCE_BELOW_ACCEPTED = "FENCE_BELOW_ACCEPTED"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS accepted_fences (
+    namespace TEXT NOT NULL,
+    task_id   TEXT NOT NULL,
+    fence     INTEGER NOT NULL CHECK (fence >= 1),
+    PRIMARY KEY (namespace, task_id)
+);
+CREATE TABLE IF NOT EXISTS sends (
+    send_id    INTEGER PRIMARY KEY,
+    namespace  TEXT NOT NULL,
+    task_id    TEXT NOT NULL,
+    fence      INTEGER NOT NULL,
+    effect_key TEXT NOT NULL,
+    message    TEXT NOT NULL,
+    sent_at    TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+    UNIQUE (namespace, task_id, effect_key)
+);
+"""
+
+# Raises the task's highest accepted fence, or changes no row when the fence is
+# lower: one statement, so two sends can never both pass a read-then-write check.
+RAISE_FENCE = """
+INSERT INTO accepted_fences (namespace, task_id, fence) VALUES (?, ?, ?)
+ON CONFLICT (namespace, task_id) DO UPDATE SET fence = excluded.fence
+WHERE excluded.fence >= accepted_fences.fence
+RETURNING fence
+"""
+HIGHEST_FENCE = "SELECT fence FROM accepted_fences WHERE namespace = ? AND task_id = ?"
+FIND_SEND = """
+SELECT send_id, fence FROM sends WHERE namespace = ? AND task_id = ? AND effect_key = ?
+"""
+INSERT_SEND = """
+INSERT INTO sends (namespace, task_id, fence, effect_key, message) VALUES (?, ?, ?, ?, ?)
+RETURNING send_id
+"""
+ALL_SENDS = (
+    "SELECT send_id, namespace, task_id, fence, effect_key, message, sent_at FROM sends "
+    "ORDER BY send_id"
+)
+
+
+@dataclass(frozen=True)
+class SendOutcome:
+    """What the ledger did with one send.
+
+    Attributes:
+        status: ``"accepted"`` (recorded now), ``"duplicate"`` (the effect was
+            already recorded; nothing new) or ``"refused"`` (fence too low).
+        send_id: The recorded send (the earlier one for a duplicate); None when refused.
+        fence: The fence presented.
+        highest_fence: The highest fence accepted for the task after the decision.
+    """
+
+    status: str
+    send_id: int | None
+    fence: int
+    highest_fence: int
+
+
+class Ledger:
+    """The gateway's own table of sends and of the highest fence accepted per task.
+
+    SQLite, one file, one connection used from the event loop's thread only:
+    each call is a short local transaction, so it runs inline.
+
+    Args:
+        path: The database file (created if absent).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._db = sqlite3.connect(path, isolation_level=None)  # explicit BEGIN/COMMIT
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        """Close the database file."""
+        self._db.close()
+
+    def record_send(self, ref: FenceRef, effect_key: str, message: str) -> SendOutcome:
+        """Record one send under ``ref`` unless a higher fence was accepted for its task.
+
+        Atomic (one SQLite write transaction) and idempotent per
+        ``(namespace, task_id, effect_key)``.
+
+        Args:
+            ref: The lease the send is made under.
+            effect_key: The send's idempotency key.
+            message: The message to send.
+
+        Returns:
+            The outcome; a refusal changes nothing.
+
+        """
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            raised = db.execute(RAISE_FENCE, (ref.namespace, ref.task_id, ref.fence)).fetchone()
+            if raised is None:
+                (highest,) = db.execute(HIGHEST_FENCE, (ref.namespace, ref.task_id)).fetchone()
+                db.execute("ROLLBACK")
+                return SendOutcome("refused", None, ref.fence, highest)
+            earlier = db.execute(FIND_SEND, (ref.namespace, ref.task_id, effect_key)).fetchone()
+            if earlier is not None:
+                db.execute("ROLLBACK")
+                return SendOutcome("duplicate", earlier[0], ref.fence, earlier[1])
+            (send_id,) = db.execute(
+                INSERT_SEND, (ref.namespace, ref.task_id, ref.fence, effect_key, message)
+            ).fetchone()
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return SendOutcome("accepted", send_id, ref.fence, ref.fence)
+
+
+def read_sends(path: Path) -> list[dict[str, Any]]:
+    """Every recorded send in the ledger at ``path``, oldest first."""
+    with sqlite3.connect(path) as db:
+        db.row_factory = sqlite3.Row
+        return [dict(row) for row in db.execute(ALL_SENDS)]
+
+
+def _say(text: str) -> None:
+    print(f"gateway: {text}", flush=True)
+
+
+def _abort_status(code: grpc.StatusCode, message: str, reason: str, **meta: str) -> grpc.Status:
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=meta)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[detail])
+    return rpc_status.to_status(status)
+
+
+class SendHandler:
+    """The ``Send`` method: read the fence, record the send in the ledger."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    async def send(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Record one send; ABORTED when the ledger refuses its fence."""
+        try:
+            ref = fence_from_metadata(context.invocation_metadata())
+        except MissingFence as error:
+            _say(f"REFUSED send without a valid fence by ledger: {error}")
+            await context.abort_with_status(
+                _abort_status(grpc.StatusCode.ABORTED, str(error), "FENCE_MISSING", key=error.key)
+            )
+        body = json.loads(request or b"{}")
+        message, effect_key = str(body.get("message", "")), str(body.get("effect_key", "send"))
+        outcome = self._ledger.record_send(ref, effect_key, message)
+        where = f"{ref.namespace}/{ref.task_id} fence={ref.fence}"
+        if outcome.status == "refused":
+            text = f"fence {ref.fence} is lower than fence {outcome.highest_fence} already accepted"
+            _say(f"REFUSED {where} by ledger: {text}")
+            await context.abort_with_status(
+                _abort_status(
+                    grpc.StatusCode.ABORTED,
+                    text,
+                    FENCE_BELOW_ACCEPTED,
+                    highest_fence=str(outcome.highest_fence),
+                )
+            )
+        verb = "ACCEPTED" if outcome.status == "accepted" else "DUPLICATE (nothing sent)"
+        _say(f"{verb} {where} send_id={outcome.send_id} effect_key={effect_key!r} {message!r}")
+        return json.dumps(
+            {"status": outcome.status, "send_id": outcome.send_id, "fence": ref.fence}
+        ).encode()
+
+
+def _logging_rejections(
+    handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails
+) -> grpc.RpcMethodHandler:
+    """Wrap the interceptor's rejecting handler so that its refusal prints one line."""
+    reject = handler.unary_unary
+
+    async def logged(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            return await reject(request, context)
+        finally:
+            try:
+                where = fence_from_metadata(details.invocation_metadata)  # type: ignore[attr-defined]
+                subject = f"{where.namespace}/{where.task_id} fence={where.fence}"
+            except MissingFence:
+                subject = "send without a valid fence"
+            code = context.code()
+            name = code.name if isinstance(code, grpc.StatusCode) else code
+            _say(f"REFUSED {subject} by leasekeeper check: {name} {context.details()}")
+
+    return grpc.unary_unary_rpc_method_handler(
+        logged,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+class LoggedFenceInterceptor(grpc.aio.ServerInterceptor):
+    """leasekeeper's FenceInterceptor, printing a line for each call it rejects.
+
+    It tells a rejection from a pass by whether FenceInterceptor hands back the
+    handler its continuation produced (a pass) or a replacement (a rejection).
+    """
+
+    def __init__(self, inner: FenceInterceptor) -> None:
+        self._inner = inner
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        """Run FenceInterceptor; wrap its rejection so that it is printed."""
+        produced: list[grpc.RpcMethodHandler] = []
+
+        async def remember(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+            produced.append(await continuation(details))
+            return produced[-1]
+
+        handler = await self._inner.intercept_service(remember, handler_call_details)
+        if handler is None or (produced and handler is produced[-1]):
+            return handler
+        return _logging_rejections(handler, handler_call_details)
+
+
+def build_server(
+    ledger: Ledger, leases: LeaseClient | None, listen: str
+) -> tuple[grpc.aio.Server, int]:
+    """The gateway's gRPC server, not started.
+
+    Args:
+        ledger: Where sends and accepted fences are recorded.
+        leases: A client of the lease service for the FenceInterceptor; None
+            to rely on the ledger alone (to show that it refuses on its own).
+        listen: ``host:port``; port 0 picks a free one.
+
+    Returns:
+        The server and its bound port.
+
+    """
+    interceptors = []
+    if leases is not None:
+        fence_check = FenceInterceptor(FenceChecker(leases), methods={SEND_METHOD})
+        interceptors.append(LoggedFenceInterceptor(fence_check))
+    server = grpc.aio.server(interceptors=interceptors)
+    send = grpc.unary_unary_rpc_method_handler(SendHandler(ledger).send)  # bytes in, bytes out
+    service = grpc.method_handlers_generic_handler("demo.v1.Gateway", {"Send": send})
+    server.add_generic_rpc_handlers((service,))
+    port = server.add_insecure_port(listen)
+    return server, port
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    ledger = Ledger(Path(args.db))
+    leases = None if args.ledger_only else LeaseClient(args.leasekeeper)
+    server, port = build_server(ledger, leases, args.listen)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        checks = "ledger only" if leases is None else "leasekeeper check + ledger"
+        host = args.listen.rsplit(":", 1)[0]
+        _say(f"listening on {host}:{port} (fence checks: {checks}; ledger {args.db})")
+        await stop.wait()
+    finally:
+        await server.stop(0.5)
+        if leases is not None:
+            await leases.close()
+        ledger.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: serve the gateway, or print its ledger with ``--show``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--db", required=True, help="SQLite file of the gateway's ledger")
+    parser.add_argument("--listen", default="127.0.0.1:0", help="host:port (0: any free port)")
+    parser.add_argument("--leasekeeper", default="127.0.0.1:9457", help="lease service address")
+    parser.add_argument(
+        "--ledger-only", action="store_true", help="skip the leasekeeper check (ledger alone)"
+    )
+    parser.add_argument("--show", action="store_true", help="print the ledger's sends and exit")
+    args = parser.parse_args(argv)
+    if args.show:
+        for row in read_sends(Path(args.db)):
+            print(json.dumps(row))
+        return 0
+    asyncio.run(serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
