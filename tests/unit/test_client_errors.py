@@ -4,6 +4,7 @@ import grpc
 import pytest
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
+
 from leasekeeper import (
     InvalidArgument,
     LeaseError,

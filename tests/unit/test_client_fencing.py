@@ -6,6 +6,7 @@ from datetime import timedelta
 import grpc
 import pytest
 from grpc_status import rpc_status
+
 from leasekeeper import (
     METADATA_FENCE,
     METADATA_NAMESPACE,

@@ -5,6 +5,7 @@ import re
 import socket
 
 import pytest
+
 from leasekeeper import LeaseClient, _owner, new_owner_id
 
 

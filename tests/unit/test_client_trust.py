@@ -3,6 +3,7 @@
 import random
 
 import pytest
+
 from leasekeeper._backoff import Backoff
 from leasekeeper._trust import TrustWindow, default_safety_margin
 

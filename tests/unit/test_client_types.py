@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
+
 from leasekeeper import InvalidArgument
 from leasekeeper._types import (
     claim_result,
