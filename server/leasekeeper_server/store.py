@@ -114,7 +114,14 @@ class Store:
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
         with translate_errors():
             async with self._pool.acquire(timeout=self._settings.connect_timeout_s) as conn:
-                yield conn
+                try:
+                    yield conn
+                except TimeoutError:
+                    # The driver gave up on an answer: the connection may be
+                    # black-holed. Drop it rather than wait for its cancellation
+                    # when the pool takes it back.
+                    conn.terminate()
+                    raise
 
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
         async with self._connection() as conn:

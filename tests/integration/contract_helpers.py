@@ -1,0 +1,146 @@
+"""Small helpers shared by the contract tests (tests/integration/test_contract_*.py).
+
+They speak the raw gRPC stubs only: the contract is tested at the wire, not
+through the client library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+import asyncpg
+import grpc
+from google.protobuf import duration_pb2
+
+from leasekeeper.v1 import lease_service_pb2 as pb
+from leasekeeper.v1 import lease_service_pb2_grpc as rpc
+from tests.helpers import dur, error_info
+
+Stub = rpc.LeaseServiceStub
+
+
+def secs(value: duration_pb2.Duration) -> float:
+    """A Duration in seconds."""
+    return value.ToTimedelta().total_seconds()
+
+
+async def claim(
+    stub: Stub,
+    namespace: str,
+    task_id: str,
+    owner_id: str,
+    ttl_s: float | None = 5.0,
+    max_runtime_s: float | None = None,
+) -> pb.ClaimResponse:
+    request = pb.ClaimRequest(namespace=namespace, task_id=task_id, owner_id=owner_id)
+    if ttl_s is not None:
+        request.ttl.CopyFrom(dur(ttl_s))
+    if max_runtime_s is not None:
+        request.max_runtime.CopyFrom(dur(max_runtime_s))
+    return await stub.Claim(request)
+
+
+async def grant(stub: Stub, namespace: str, task_id: str, owner_id: str, **kw: Any) -> pb.Lease:
+    """Claims and asserts the claim was granted; returns the lease."""
+    reply = await claim(stub, namespace, task_id, owner_id, **kw)
+    assert reply.acquired, reply
+    return reply.lease
+
+
+async def renew(
+    stub: Stub, namespace: str, task_id: str, owner_id: str, fence: int, ttl_s: float | None = None
+) -> pb.RenewResponse:
+    request = pb.RenewRequest(namespace=namespace, task_id=task_id, owner_id=owner_id, fence=fence)
+    if ttl_s is not None:
+        request.ttl.CopyFrom(dur(ttl_s))
+    return await stub.Renew(request)
+
+
+async def release(
+    stub: Stub, namespace: str, task_id: str, owner_id: str, fence: int, complete: bool = False
+) -> pb.ReleaseResponse:
+    return await stub.Release(
+        pb.ReleaseRequest(
+            namespace=namespace,
+            task_id=task_id,
+            owner_id=owner_id,
+            fence=fence,
+            complete=complete,
+        )
+    )
+
+
+async def validate(
+    stub: Stub, namespace: str, task_id: str, fence: int
+) -> pb.ValidateFenceResponse:
+    return await stub.ValidateFence(
+        pb.ValidateFenceRequest(namespace=namespace, task_id=task_id, fence=fence)
+    )
+
+
+async def get_lease(stub: Stub, namespace: str, task_id: str) -> pb.Lease:
+    reply = await stub.GetLease(pb.GetLeaseRequest(namespace=namespace, task_id=task_id))
+    return reply.lease
+
+
+async def failure(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
+    """Awaits a call that must fail; returns its error."""
+    try:
+        reply = await call
+    except grpc.aio.AioRpcError as exc:
+        return exc
+    raise AssertionError(f"expected the call to fail, it answered {reply!r}")
+
+
+async def expect_error(call: Awaitable[Any], code: grpc.StatusCode, reason: str) -> None:
+    """Awaits a call that must fail with ``code`` and ErrorInfo ``reason``."""
+    exc = await failure(call)
+    assert (exc.code(), error_info(exc).reason) == (code, reason), exc.details()
+
+
+async def wait_for_state(
+    stub: Stub, namespace: str, task_id: str, state: int, timeout_s: float = 5.0
+) -> pb.Lease:
+    """Polls GetLease until the task is in ``state`` (database clock); returns the lease."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lease = await get_lease(stub, namespace, task_id)
+        if lease.state == state:
+            return lease
+        assert time.monotonic() < deadline, f"still {pb.TaskState.Name(lease.state)}"
+        await asyncio.sleep(0.02)
+
+
+async def backdate(db: asyncpg.Connection, namespace: str, task_id: str) -> None:
+    """Makes a HELD lease EXPIRED now, without touching its fence, owner or state.
+
+    Changes only expire_time, which sends no notification: the servers learn of
+    it only by asking the database.
+    """
+    status = await db.execute(
+        "UPDATE leasekeeper_tasks SET expire_time = clock_timestamp() - interval '1 second'"
+        " WHERE namespace = $1 AND task_id = $2",
+        namespace,
+        task_id,
+    )
+    assert status == "UPDATE 1"
+
+
+async def row(db: asyncpg.Connection, namespace: str, task_id: str) -> asyncpg.Record:
+    """The task's row, as stored."""
+    record = await db.fetchrow(
+        "SELECT * FROM leasekeeper_tasks WHERE namespace = $1 AND task_id = $2",
+        namespace,
+        task_id,
+    )
+    assert record is not None
+    return record
+
+
+async def snapshot(db: asyncpg.Connection) -> list[tuple[Any, ...]]:
+    """Every row of the task table, in a stable order."""
+    rows = await db.fetch("SELECT * FROM leasekeeper_tasks ORDER BY namespace, task_id")
+    return [tuple(r) for r in rows]

@@ -1,0 +1,200 @@
+"""Bad input: INVALID_ARGUMENT naming the field, and nothing changed (CONTRACT: Bad input).
+
+Every case runs against a namespace holding one live lease (task "t", owner
+"a", fence 1) and compares the whole task table before and after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+
+from leasekeeper.v1 import lease_service_pb2 as pb
+from tests.helpers import bad_request_fields, dur, error_info
+from tests.integration.contract_helpers import failure, grant, snapshot
+
+pytestmark = pytest.mark.timeout(30)
+
+LONG_ID = "x" * 257
+LONG_UTF8_ID = "\u00e9" * 129  # 258 bytes in 129 characters: limits count bytes
+
+
+def _claim(**kw: Any) -> Callable[[str], pb.ClaimRequest]:
+    def build(ns: str) -> pb.ClaimRequest:
+        fields = {"namespace": ns, "task_id": "new", "owner_id": "b", **kw}
+        return pb.ClaimRequest(**fields)
+
+    return build
+
+
+def _renew(**kw: Any) -> Callable[[str], pb.RenewRequest]:
+    def build(ns: str) -> pb.RenewRequest:
+        fields = {"namespace": ns, "task_id": "t", "owner_id": "a", "fence": 1, **kw}
+        return pb.RenewRequest(**fields)
+
+    return build
+
+
+def _release(**kw: Any) -> Callable[[str], pb.ReleaseRequest]:
+    def build(ns: str) -> pb.ReleaseRequest:
+        fields = {"namespace": ns, "task_id": "t", "owner_id": "a", "fence": 1, **kw}
+        return pb.ReleaseRequest(**fields)
+
+    return build
+
+
+def _validate(**kw: Any) -> Callable[[str], pb.ValidateFenceRequest]:
+    def build(ns: str) -> pb.ValidateFenceRequest:
+        return pb.ValidateFenceRequest(**{"namespace": ns, "task_id": "t", "fence": 1, **kw})
+
+    return build
+
+
+def _get(**kw: Any) -> Callable[[str], pb.GetLeaseRequest]:
+    def build(ns: str) -> pb.GetLeaseRequest:
+        return pb.GetLeaseRequest(**{"namespace": ns, "task_id": "t", **kw})
+
+    return build
+
+
+def _list(**kw: Any) -> Callable[[str], pb.ListLeasesRequest]:
+    def build(ns: str) -> pb.ListLeasesRequest:
+        return pb.ListLeasesRequest(**{"namespace": ns, **kw})
+
+    return build
+
+
+def _raw(data: bytes) -> Callable[[str], bytes]:
+    return lambda ns: data
+
+
+def _b64(raw: bytes) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _d(seconds: int, nanos: int = 0) -> duration_pb2.Duration:
+    return duration_pb2.Duration(seconds=seconds, nanos=nanos)
+
+
+CASES = [
+    # ids: empty, over-long, control characters, NUL
+    ("Claim", _claim(namespace=""), "namespace", "claim-empty-namespace"),
+    ("Claim", _claim(task_id=""), "task_id", "claim-empty-task-id"),
+    ("Claim", _claim(owner_id=""), "owner_id", "claim-empty-owner-id"),
+    ("Claim", _claim(namespace=LONG_ID), "namespace", "claim-257-byte-namespace"),
+    ("Claim", _claim(task_id=LONG_ID), "task_id", "claim-257-byte-task-id"),
+    ("Claim", _claim(owner_id=LONG_ID), "owner_id", "claim-257-byte-owner-id"),
+    ("Claim", _claim(task_id=LONG_UTF8_ID), "task_id", "claim-258-byte-utf8-task-id"),
+    ("Claim", _claim(task_id="a\x00b"), "task_id", "claim-nul-task-id"),
+    ("Claim", _claim(owner_id="a\nb"), "owner_id", "claim-newline-owner-id"),
+    ("Claim", _claim(namespace="ns\x1b"), "namespace", "claim-escape-namespace"),
+    ("Claim", _claim(task_id="\x7f"), "task_id", "claim-del-task-id"),
+    ("Claim", _claim(task_id="a\u0085"), "task_id", "claim-c1-control-task-id"),
+    ("Renew", _renew(task_id=""), "task_id", "renew-empty-task-id"),
+    ("Renew", _renew(owner_id="a\x00"), "owner_id", "renew-nul-owner-id"),
+    ("Release", _release(namespace=LONG_ID), "namespace", "release-257-byte-namespace"),
+    ("Release", _release(task_id="t\t"), "task_id", "release-tab-task-id"),
+    ("ValidateFence", _validate(task_id=""), "task_id", "validate-empty-task-id"),
+    ("ValidateFence", _validate(namespace="\x00"), "namespace", "validate-nul-namespace"),
+    ("GetLease", _get(task_id=LONG_ID), "task_id", "get-257-byte-task-id"),
+    ("GetLease", _get(namespace=""), "namespace", "get-empty-namespace"),
+    ("ListLeases", _list(namespace=""), "namespace", "list-empty-namespace"),
+    ("ListLeases", _list(namespace="n\x01"), "namespace", "list-control-namespace"),
+    # ttl outside [min_ttl 0.1 s, max_ttl 3600 s], negative, zero, malformed
+    ("Claim", _claim(ttl=dur(0.05)), "ttl", "claim-ttl-below-min"),
+    ("Claim", _claim(ttl=dur(3601)), "ttl", "claim-ttl-above-max"),
+    ("Claim", _claim(ttl=_d(-1)), "ttl", "claim-ttl-negative"),
+    ("Claim", _claim(ttl=_d(0, -500_000_000)), "ttl", "claim-ttl-negative-nanos"),
+    ("Claim", _claim(ttl=_d(0)), "ttl", "claim-ttl-zero"),
+    ("Claim", _claim(ttl=_d(1, -5)), "ttl", "claim-ttl-mixed-signs"),
+    ("Claim", _claim(ttl=_d(1, 1_000_000_000)), "ttl", "claim-ttl-nanos-overflow"),
+    ("Claim", _claim(ttl=_d(10**12)), "ttl", "claim-ttl-beyond-duration-range"),
+    ("Renew", _renew(ttl=dur(0.05)), "ttl", "renew-ttl-below-min"),
+    ("Renew", _renew(ttl=dur(3601)), "ttl", "renew-ttl-above-max"),
+    ("Renew", _renew(ttl=_d(-5)), "ttl", "renew-ttl-negative"),
+    # fence < 1
+    ("Renew", _renew(fence=0), "fence", "renew-fence-zero"),
+    ("Renew", _renew(fence=-1), "fence", "renew-fence-negative"),
+    ("Release", _release(fence=0), "fence", "release-fence-zero"),
+    ("Release", _release(fence=-(2**63)), "fence", "release-fence-min-int64"),
+    ("Release", _release(fence=0, complete=True), "fence", "release-complete-fence-zero"),
+    ("ValidateFence", _validate(fence=0), "fence", "validate-fence-zero"),
+    ("ValidateFence", _validate(fence=-3), "fence", "validate-fence-negative"),
+    # runtime budget above the server's max_runtime (86400 s), or not positive
+    ("Claim", _claim(max_runtime=dur(86401)), "max_runtime", "claim-max-runtime-above-max"),
+    ("Claim", _claim(max_runtime=_d(-1)), "max_runtime", "claim-max-runtime-negative"),
+    ("Claim", _claim(max_runtime=_d(0)), "max_runtime", "claim-max-runtime-zero"),
+    # enums, pages
+    ("ListLeases", _list(state=99), "state", "list-unknown-state"),
+    ("ListLeases", _list(state=-1), "state", "list-negative-state"),
+    ("ListLeases", _list(page_size=1001), "page_size", "list-page-size-1001"),
+    ("ListLeases", _list(page_size=-1), "page_size", "list-page-size-negative"),
+    ("ListLeases", _list(page_token="not a token!"), "page_token", "list-token-garbage"),
+    ("ListLeases", _list(page_token="abc"), "page_token", "list-token-bad-padding"),
+    ("ListLeases", _list(page_token=_b64(b"\xff\xfe")), "page_token", "list-token-not-utf8"),
+    ("ListLeases", _list(page_token=_b64(b"a\x00")), "page_token", "list-token-nul"),
+    # a body that is not a valid message
+    ("Claim", _raw(b"\xff\xff"), "request", "claim-garbage-body"),
+    ("Claim", _raw(b"\x0a\x02\xff\xfe\x12\x01t\x1a\x01a"), "request", "claim-invalid-utf8"),
+    ("Renew", _raw(b"\x0a\x05ab"), "request", "renew-truncated-body"),
+    ("Release", _raw(b"\x12\x01\x80"), "request", "release-invalid-utf8-task-id"),
+    ("ValidateFence", _raw(b"\x18"), "request", "validate-truncated-varint"),
+    ("GetLease", _raw(b"\x0a\x01\xc0"), "request", "get-invalid-utf8"),
+    ("ListLeases", _raw(b"\x22\x01\xff"), "request", "list-invalid-utf8-token"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "build", "field"), [c[:3] for c in CASES], ids=[c[3] for c in CASES]
+)
+async def test_request_bad_input_invalid_argument_names_field_changes_nothing(
+    stub, channel, namespace, db, method, build, field
+):
+    await grant(stub, namespace, "t", "a")
+    before = await snapshot(db)
+    request = build(namespace)
+
+    if isinstance(request, bytes):
+        call = channel.unary_unary(
+            f"/leasekeeper.v1.LeaseService/{method}",
+            request_serializer=None,
+            response_deserializer=None,
+        )
+        exc = await failure(call(request))
+    else:
+        exc = await failure(getattr(stub, method)(request))
+
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+    info = error_info(exc)
+    assert info.reason == "INVALID_ARGUMENT"
+    assert bad_request_fields(exc) == [field]
+    assert await snapshot(db) == before
+
+
+@pytest.mark.parametrize(
+    "task_id",
+    ["x" * 256, "\u00e9" * 128, "\U0001f600" * 64, " ", "a b"],
+    ids=["256-ascii", "256-byte-utf8", "256-byte-emoji", "space", "inner-space"],
+)
+async def test_claim_ids_at_limits_accepted(stub, namespace, task_id):
+    reply = await stub.Claim(
+        pb.ClaimRequest(namespace=namespace, task_id=task_id, owner_id="o", ttl=dur(5))
+    )
+
+    assert reply.acquired
+    assert reply.lease.task_id == task_id
+
+
+@pytest.mark.parametrize("ttl_s", [0.1, 3600.0], ids=["min-ttl", "max-ttl"])
+async def test_claim_ttl_at_bounds_accepted(stub, namespace, ttl_s):
+    reply = await stub.Claim(
+        pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="o", ttl=dur(ttl_s))
+    )
+
+    assert reply.acquired

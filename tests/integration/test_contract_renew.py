@@ -1,0 +1,271 @@
+"""Renew: extends a live lease, never revives one, and says why it cannot."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import grpc
+import pytest
+
+from leasekeeper.v1 import lease_service_pb2 as pb
+from tests.helpers import error_info
+from tests.integration.contract_helpers import (
+    backdate,
+    claim,
+    expect_error,
+    failure,
+    get_lease,
+    grant,
+    release,
+    renew,
+    row,
+    secs,
+    wait_for_state,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_renew_live_lease_extends_expire_time(stub, namespace, db):
+    lease = await grant(stub, namespace, "t", "a", ttl_s=1.0)
+
+    reply = await renew(stub, namespace, "t", "a", lease.fence, ttl_s=4.0)
+
+    assert reply.lease.fence == lease.fence
+    assert reply.lease.state == pb.TASK_STATE_HELD
+    assert 3.5 < secs(reply.lease.remaining_ttl) <= 4.0
+    assert reply.lease.expire_time.ToDatetime() > lease.expire_time.ToDatetime()
+    assert reply.lease.claim_time == lease.claim_time
+    stored = await row(db, namespace, "t")
+    assert stored["expire_time"].replace(tzinfo=None) == reply.lease.expire_time.ToDatetime()
+
+
+async def test_renew_shorter_ttl_shortens_lease(stub, namespace):
+    lease = await grant(stub, namespace, "t", "a", ttl_s=5.0)
+
+    reply = await renew(stub, namespace, "t", "a", lease.fence, ttl_s=0.5)
+
+    assert secs(reply.lease.remaining_ttl) <= 0.5
+
+
+async def test_renew_unset_ttl_uses_server_default(stub, namespace):
+    lease = await grant(stub, namespace, "t", "a", ttl_s=1.0)
+
+    reply = await renew(stub, namespace, "t", "a", lease.fence)
+
+    assert 4.5 < secs(reply.lease.remaining_ttl) <= 5.0
+
+
+async def test_renew_expired_lease_aborts_lease_expired_and_does_not_revive(stub, namespace, db):
+    lease = await grant(stub, namespace, "t", "a", ttl_s=0.1)
+    await wait_for_state(stub, namespace, "t", pb.TASK_STATE_EXPIRED)
+    before = await row(db, namespace, "t")
+
+    await expect_error(
+        renew(stub, namespace, "t", "a", lease.fence, ttl_s=5.0),
+        grpc.StatusCode.ABORTED,
+        "LEASE_EXPIRED",
+    )
+    assert await row(db, namespace, "t") == before
+    assert (await get_lease(stub, namespace, "t")).state == pb.TASK_STATE_EXPIRED
+
+
+async def _superseded(stub, namespace, db):
+    await grant(stub, namespace, "t", "a")
+    await backdate(db, namespace, "t")
+    await grant(stub, namespace, "t", "b")
+    return "a", 1
+
+
+async def _held_by_a_renewed_by_b(stub, namespace, db):
+    await grant(stub, namespace, "t", "a")
+    return "b", 1
+
+
+async def _fence_above_issued(stub, namespace, db):
+    await grant(stub, namespace, "t", "a")
+    return "a", 2
+
+
+async def _unknown_task(stub, namespace, db):
+    return "a", 1
+
+
+async def _released(stub, namespace, db):
+    await grant(stub, namespace, "t", "a")
+    await release(stub, namespace, "t", "a", 1)
+    return "a", 1
+
+
+async def _completed(stub, namespace, db):
+    await grant(stub, namespace, "t", "a")
+    await release(stub, namespace, "t", "a", 1, complete=True)
+    return "a", 1
+
+
+async def _revoked(stub, namespace, db):
+    # No RPC revokes yet; an operator's revoke is a row transition to 'revoked'.
+    await grant(stub, namespace, "t", "a")
+    await db.execute(
+        "UPDATE leasekeeper_tasks SET state = 'revoked', end_reason = 'LEASE_REVOKED'"
+        " WHERE namespace = $1 AND task_id = 't'",
+        namespace,
+    )
+    return "a", 1
+
+
+async def _superseded_then_completed(stub, namespace, db):
+    await grant(stub, namespace, "t", "a")
+    await backdate(db, namespace, "t")
+    await grant(stub, namespace, "t", "b")
+    await release(stub, namespace, "t", "b", 2, complete=True)
+    return "a", 1
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        (_superseded, "LEASE_SUPERSEDED"),
+        (_held_by_a_renewed_by_b, "NOT_OWNER"),
+        (_fence_above_issued, "FENCE_UNKNOWN"),
+        (_unknown_task, "FENCE_UNKNOWN"),
+        (_released, "LEASE_RELEASED"),
+        (_completed, "TASK_COMPLETED"),
+        (_revoked, "LEASE_REVOKED"),
+        (_superseded_then_completed, "TASK_COMPLETED"),
+    ],
+    ids=lambda v: v.__name__.strip("_") if callable(v) else v,
+)
+async def test_renew_lost_lease_aborts_with_reason(stub, namespace, db, setup, reason):
+    owner, fence = await setup(stub, namespace, db)
+    before = await db.fetch("SELECT * FROM leasekeeper_tasks WHERE namespace = $1", namespace)
+
+    exc = await failure(renew(stub, namespace, "t", owner, fence, ttl_s=5.0))
+
+    assert exc.code() == grpc.StatusCode.ABORTED
+    info = error_info(exc)
+    assert info.reason == reason
+    assert "current_fence" in info.metadata
+    after = await db.fetch("SELECT * FROM leasekeeper_tasks WHERE namespace = $1", namespace)
+    assert after == before
+
+
+async def test_renew_caps_at_runtime_deadline_then_aborts_runtime_exceeded(stub, namespace):
+    lease = await grant(stub, namespace, "t", "a", ttl_s=0.2, max_runtime_s=0.6)
+
+    capped = await renew(stub, namespace, "t", "a", lease.fence, ttl_s=5.0)
+
+    assert capped.lease.expire_time == capped.lease.runtime_deadline == lease.runtime_deadline
+    assert secs(capped.lease.remaining_ttl) <= 0.6
+    expired = await wait_for_state(stub, namespace, "t", pb.TASK_STATE_EXPIRED)
+    assert expired.end_reason == pb.LOSS_REASON_RUNTIME_EXCEEDED
+    await expect_error(
+        renew(stub, namespace, "t", "a", lease.fence, ttl_s=5.0),
+        grpc.StatusCode.ABORTED,
+        "RUNTIME_EXCEEDED",
+    )
+
+
+async def _lock_waiters(monitor: asyncpg.Connection) -> int:
+    return await monitor.fetchval(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = 'leasekeeper'"
+        " AND wait_event_type = 'Lock'"
+    )
+
+
+async def _until_lock_waiters(monitor: asyncpg.Connection, count: int) -> None:
+    for _ in range(250):
+        if await _lock_waiters(monitor) >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"never saw {count} statements waiting on the row lock")
+
+
+async def _behind_row_lock(db, database_url, namespace, calls, hold_s=1.0) -> list:
+    """Runs ``calls`` (in order) while ``db`` holds the task's row lock for ``hold_s``.
+
+    Each call is started only once the one before it is seen waiting on the
+    lock, so they queue in order. Returns their outcomes (replies or errors).
+    """
+    monitor = await asyncpg.connect(database_url)
+    try:
+        async with db.transaction():
+            await db.execute(
+                "SELECT 1 FROM leasekeeper_tasks WHERE namespace = $1 AND task_id = 't' FOR UPDATE",
+                namespace,
+            )
+            started = []
+            for number, call in enumerate(calls, start=1):
+                started.append(asyncio.ensure_future(call()))
+                await _until_lock_waiters(monitor, number)
+            await asyncio.sleep(hold_s)  # hold the row lock past the lease's expiry
+        return await asyncio.gather(*started, return_exceptions=True)
+    finally:
+        await monitor.close()
+
+
+def _reason(outcome) -> str:
+    assert isinstance(outcome, grpc.aio.AioRpcError), f"the call did not fail: {outcome}"
+    assert outcome.code() == grpc.StatusCode.ABORTED, outcome.details()
+    return error_info(outcome).reason
+
+
+# CONTRACT (the clock): a statement that waited on a row lock decides with the
+# clock at the moment it got the row. In each test the row is locked while the
+# lease (ttl 0.5 s) is live, and held for 1 s.
+
+
+async def test_renew_that_waited_on_row_lock_past_expiry_aborts_lease_expired(
+    stub, namespace, db, database_url
+):
+    lease = await grant(stub, namespace, "t", "a", ttl_s=0.5)
+
+    (renewed,) = await _behind_row_lock(
+        db, database_url, namespace, [lambda: renew(stub, namespace, "t", "a", lease.fence, 5.0)]
+    )
+
+    assert _reason(renewed) == "LEASE_EXPIRED"
+    assert (await get_lease(stub, namespace, "t")).state == pb.TASK_STATE_EXPIRED
+
+
+async def test_claim_that_waited_on_row_lock_past_expiry_grants_next_fence(
+    stub, namespace, db, database_url
+):
+    lease = await grant(stub, namespace, "t", "a", ttl_s=0.5)
+
+    (claimed,) = await _behind_row_lock(
+        db, database_url, namespace, [lambda: claim(stub, namespace, "t", "b", ttl_s=5.0)]
+    )
+
+    assert not isinstance(claimed, BaseException), claimed
+    assert claimed.acquired
+    assert (claimed.lease.fence, claimed.lease.owner_id) == (lease.fence + 1, "b")
+
+
+async def test_renew_then_rival_claim_waiting_on_row_lock_renew_fails_claim_granted(
+    stub, namespace, db, database_url
+):
+    """The renewal gets the row first and must not revive the lease; the claim then wins.
+
+    The renewal's reason is LEASE_EXPIRED, or LEASE_SUPERSEDED when the rival's
+    grant commits before the store's classifying read (store.renew reads the row
+    again after a renewal that changed nothing): both are true when answered.
+    """
+    lease = await grant(stub, namespace, "t", "a", ttl_s=0.5)
+
+    renewed, claimed = await _behind_row_lock(
+        db,
+        database_url,
+        namespace,
+        [
+            lambda: renew(stub, namespace, "t", "a", lease.fence, 5.0),
+            lambda: claim(stub, namespace, "t", "b", ttl_s=5.0),
+        ],
+    )
+
+    assert _reason(renewed) in ("LEASE_EXPIRED", "LEASE_SUPERSEDED")
+    assert not isinstance(claimed, BaseException), claimed
+    assert claimed.acquired, f"the expired lease was revived: {claimed}"
+    assert (claimed.lease.fence, claimed.lease.owner_id) == (lease.fence + 1, "b")
