@@ -63,7 +63,13 @@ class _Link:
 
 
 class TcpProxy:
-    """Forwards ``127.0.0.1:port`` to ``target_host:target_port``; see the module docstring."""
+    """Forwards ``127.0.0.1:port`` to ``target_host:target_port``; see the module docstring.
+
+    A ``target_host`` that is a path (starts with "/") names a Unix socket
+    folder, as libpq's ``host`` does: the proxy then connects to
+    ``{target_host}/.s.PGSQL.{target_port}`` (the embedded PostgreSQL listens
+    only there).
+    """
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target_host = target_host
@@ -126,7 +132,7 @@ class TcpProxy:
             await self._pump(reader, None, link)
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
+            up_reader, up_writer = await self._connect_upstream()
         except OSError:
             self._links.discard(link)
             _reset(writer)
@@ -139,6 +145,12 @@ class TcpProxy:
             asyncio.create_task(self._pump(reader, up_writer, link)),
             asyncio.create_task(self._pump(up_reader, writer, link)),
         ]
+
+    async def _connect_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.target_host.startswith("/"):
+            path = f"{self.target_host}/.s.PGSQL.{self.target_port}"
+            return await asyncio.open_unix_connection(path)
+        return await asyncio.open_connection(self.target_host, self.target_port)
 
     async def _pump(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None, link: _Link

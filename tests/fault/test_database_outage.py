@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 import grpc
@@ -59,12 +59,21 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+def database_address(database_url: str) -> tuple[str, int]:
+    """Where the database listens: host and port, or a Unix socket folder (``?host=/dir``)."""
+    parts = urlsplit(database_url)
+    socket_dir = dict(parse_qsl(parts.query)).get("host", "")
+    host = socket_dir if socket_dir.startswith("/") else parts.hostname or "127.0.0.1"
+    return host, parts.port or 5432
+
+
 def proxied(database_url: str, port: int) -> str:
     """``database_url`` with its host and port replaced by the proxy's."""
     parts = urlsplit(database_url)
     userinfo = parts.netloc.rpartition("@")[0]
     netloc = f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "host"])
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 class Harness:
@@ -94,9 +103,8 @@ class Harness:
 
 @pytest.fixture
 async def harness(database_url: str, caplog: pytest.LogCaptureFixture) -> AsyncIterator[Harness]:
-    url = urlsplit(database_url)
     async with (
-        tcp_proxy(url.hostname or "127.0.0.1", url.port or 5432) as proxy,
+        tcp_proxy(*database_address(database_url)) as proxy,
         running_server(proxied(database_url, proxy.port), **FAST) as server,
         grpc.aio.insecure_channel(server.target) as channel,
     ):
