@@ -6,11 +6,14 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 
 from .model import LossReason, Task, TaskState
 
-_STATE = {s: pb.TaskState.Value(f"TASK_STATE_{s.value}") for s in TaskState}
-_REASON = {r: pb.LossReason.Value(f"LOSS_REASON_{r.value}") for r in LossReason}
+# Domain enum -> proto enum value, by name (the proto's values carry a prefix).
+_STATE: dict[TaskState, pb.TaskState] = {s: getattr(pb, f"TASK_STATE_{s.value}") for s in TaskState}
+_REASON: dict[LossReason, pb.LossReason] = {
+    r: getattr(pb, f"LOSS_REASON_{r.value}") for r in LossReason
+}
 
 
-def loss_reason(reason: LossReason | None) -> int:
+def loss_reason(reason: LossReason | None) -> pb.LossReason:
     """The proto enum value of a loss reason (UNSPECIFIED for None)."""
     return _REASON[reason] if reason is not None else pb.LOSS_REASON_UNSPECIFIED
 
