@@ -13,6 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+
+# Tests start subprocesses (fork+exec) from a process running grpc; its fork
+# handlers have nothing to do then and only log noise. Read at grpc's import.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import warnings
@@ -132,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``leasekeeper`` command."""
+    # The embedded PostgreSQL is driven through subprocesses; grpc's fork
+    # handlers have nothing to do for fork+exec and only log noise about it.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     args = build_parser().parse_args(argv)
     if args.command == "leases":
         return asyncio.run(_leases(args))
