@@ -43,12 +43,14 @@ _TRANSIENT_CODES = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
+STALL_INTERVALS = 2
+"""A beat unanswered for this many beat intervals marks the stream stalled (reopen it)."""
 STOP_TIMEOUT_S = 5.0
 """Seconds stop() waits for the server to end a half-closed stream before cancelling it."""
 
 
 class _StreamStalled(Exception):
-    """A beat went unanswered for longer than a beat interval."""
+    """A beat went unanswered for longer than STALL_INTERVALS beat intervals."""
 
 
 class HeartbeatKeeper:
@@ -202,7 +204,9 @@ class HeartbeatKeeper:
         while True:
             # Measured from when the oldest unanswered beat left, not when it was
             # queued: the first write also waits for the connection.
-            if sent and self._clock() - sent[0][1] > self._interval_s:
+            # Two intervals, not one: under load a slow answer is common, and a
+            # needless reopen costs more than it saves.
+            if sent and self._clock() - sent[0][1] > STALL_INTERVALS * self._interval_s:
                 raise _StreamStalled()
             # The trust window counts from before the send: the conservative end.
             beat = [self._clock(), float("inf")]

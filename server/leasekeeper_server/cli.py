@@ -95,22 +95,23 @@ def _lease_dict(info: object) -> dict[str, object]:
 
 
 async def _leases(args: argparse.Namespace) -> int:
-    from leasekeeper import LeaseClient, TaskNotFound
+    from leasekeeper import LeaseClient, LeaseError, TaskNotFound
 
     async with LeaseClient(args.target, namespace=args.namespace) as client:
-        if args.leases_command == "get":
-            try:
-                info = await client.get_lease(args.task_id)
-            except TaskNotFound:
-                print(
-                    f"task {args.task_id!r} not found in namespace {args.namespace!r}",
-                    file=sys.stderr,
-                )
-                return 1
-            print(json.dumps(_lease_dict(info), indent=2))
-            return 0
-        async for info in client.iter_leases(state=args.state):
-            print(json.dumps(_lease_dict(info)))
+        try:
+            if args.leases_command == "get":
+                print(json.dumps(_lease_dict(await client.get_lease(args.task_id)), indent=2))
+            else:
+                async for info in client.iter_leases(state=args.state):
+                    print(json.dumps(_lease_dict(info)))
+        except TaskNotFound:
+            print(
+                f"task {args.task_id!r} not found in namespace {args.namespace!r}", file=sys.stderr
+            )
+            return 1
+        except LeaseError as error:  # bad input, server unreachable: one line, no traceback
+            print(f"leasekeeper: {error}", file=sys.stderr)
+            return 2 if error.retryable else 1
     return 0
 
 

@@ -2,8 +2,9 @@
 
 A stream serves one lease. Its first message names the lease and renews it;
 each later message renews it again, except that beats sooner than
-``min_renew_interval_s`` after the last renewal are answered from that
-renewal without a database write (a flood never becomes a write storm).
+``min(min_renew_interval_s, ttl / 3)`` after the last renewal are answered
+from that renewal without a database write (a flood never becomes a write
+storm, and a short ttl can still be kept alive).
 
 Between beats the stream waits on three things: the next message, a
 notification that the task's ownership changed (``events.py``), and a timer
@@ -146,7 +147,10 @@ class _Stream:
         self._check_same_lease(message)
         if message.HasField("ttl"):
             self._ttl = validate.ttl(message, self._settings)
-        if time.monotonic() - self._renewed_at < self._settings.min_renew_interval_s:
+        # A short ttl shortens the interval too: a lease must be renewable
+        # several times within its ttl, however the server is configured.
+        interval_s = min(self._settings.min_renew_interval_s, self._ttl.total_seconds() / 3)
+        if time.monotonic() - self._renewed_at < interval_s:
             await self._reply(renewed=False)
         else:
             await self._renew()

@@ -49,11 +49,14 @@ class Settings(BaseSettings):
     min_renew_interval_s: float = Field(
         default=0.5,
         ge=0,
-        description="Heartbeat beats sooner than this after the last renewal are answered "
-        "without a database write.",
+        description="Heartbeat beats sooner than this (or ttl/3, if shorter) after the last "
+        "renewal are answered without a database write.",
     )
+    # Bounded by PostgreSQL: namespace and task_id together form the primary
+    # key (a btree entry holds at most 2704 bytes), and a lease notification's
+    # payload (at most 8000 bytes) carries both.
     max_id_bytes: int = Field(
-        default=256, ge=1, le=4096, description="Longest namespace, task_id or owner_id (UTF-8)."
+        default=256, ge=1, le=1024, description="Longest namespace, task_id or owner_id (UTF-8)."
     )
     pool_min_size: int = Field(default=2, ge=1, description="Database connections kept open.")
     pool_max_size: int = Field(default=20, ge=1, description="Most database connections.")
@@ -80,6 +83,8 @@ class Settings(BaseSettings):
     def _check_bounds(self) -> Settings:
         if not self.min_ttl_s <= self.default_ttl_s <= self.max_ttl_s:
             raise ValueError("need min_ttl_s <= default_ttl_s <= max_ttl_s")
+        if self.max_runtime_s < self.min_ttl_s:
+            raise ValueError("need min_ttl_s <= max_runtime_s")
         if self.pool_min_size > self.pool_max_size:
             raise ValueError("need pool_min_size <= pool_max_size")
         return self

@@ -86,9 +86,11 @@ def duration(field: str, value: duration_pb2.Duration) -> timedelta:
         or (seconds < 0 and nanos > 0)
     ):
         raise InvalidArgument(field, "is not a well-formed google.protobuf.Duration")
-    if seconds < 0 or nanos < 0 or (seconds == 0 and nanos == 0):
-        raise InvalidArgument(field, "must be positive")
-    return timedelta(seconds=seconds, microseconds=nanos // 1000)
+    value = timedelta(seconds=seconds, microseconds=nanos // 1000)
+    # PostgreSQL intervals count microseconds: anything shorter would become zero.
+    if value < timedelta(microseconds=1):
+        raise InvalidArgument(field, "must be positive, at least 1 microsecond")
+    return value
 
 
 def ttl(req: Message, settings: Settings, field: str = "ttl") -> timedelta:
@@ -107,15 +109,20 @@ def ttl(req: Message, settings: Settings, field: str = "ttl") -> timedelta:
 
 
 def max_runtime(req: pb.ClaimRequest, settings: Settings) -> timedelta:
-    """The claim's runtime budget, or the server's max_runtime when unset."""
+    """The claim's runtime budget, or the server's max_runtime when unset.
+
+    Bounds: [min_ttl, max_runtime]: a shorter budget could not hold even one lease.
+    """
     high = timedelta(seconds=settings.max_runtime_s)
     if not req.HasField("max_runtime"):
         return high
     value = duration("max_runtime", req.max_runtime)
-    if value > high:
+    low = timedelta(seconds=settings.min_ttl_s)
+    if not low <= value <= high:
         raise InvalidArgument(
             "max_runtime",
-            f"must be at most {settings.max_runtime_s:g} s, got {value.total_seconds():g} s",
+            f"must lie in [{settings.min_ttl_s:g} s, {settings.max_runtime_s:g} s], "
+            f"got {value.total_seconds():g} s",
         )
     return value
 

@@ -55,3 +55,17 @@ async def test_leases_list_state_filter_lists_only_that_state(server, stub, name
     assert code == 0
     listed = [json.loads(line) for line in out.splitlines()]
     assert [(x["task_id"], x["state"]) for x in listed] == [("a", "HELD"), ("c", "HELD")]
+
+
+async def test_leases_get_bad_namespace_prints_one_line_exits_1(server):
+    code, _, err = await _cli("leases", "--target", server.target, "-n", "", "get", "t")
+    assert code == 1
+    assert "namespace" in err
+    assert "Traceback" not in err
+
+
+async def test_leases_list_unreachable_server_prints_one_line_exits_2(unused_tcp_port):
+    target = f"127.0.0.1:{unused_tcp_port}"
+    code, _, err = await _cli("leases", "--target", target, "-n", "ns", "list")
+    assert code == 2
+    assert err.count("\n") == 1 and "Traceback" not in err

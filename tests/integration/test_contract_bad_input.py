@@ -130,6 +130,9 @@ CASES = [
     ("Claim", _claim(max_runtime=dur(86401)), "max_runtime", "claim-max-runtime-above-max"),
     ("Claim", _claim(max_runtime=_d(-1)), "max_runtime", "claim-max-runtime-negative"),
     ("Claim", _claim(max_runtime=_d(0)), "max_runtime", "claim-max-runtime-zero"),
+    ("Claim", _claim(max_runtime=dur(0.05)), "max_runtime", "claim-max-runtime-below-min-ttl"),
+    ("Claim", _claim(max_runtime=_d(0, 999)), "max_runtime", "claim-max-runtime-sub-microsecond"),
+    ("Claim", _claim(ttl=_d(0, 1)), "ttl", "claim-ttl-one-nanosecond"),
     # enums, pages
     ("ListLeases", _list(state=99), "state", "list-unknown-state"),
     ("ListLeases", _list(state=-1), "state", "list-negative-state"),

@@ -521,3 +521,29 @@ async def test_heartbeat_server_shutdown_ends_unavailable_and_lease_lives_on(
             call, resumed, _, _ = await open_stream(stub, beat(namespace, ttl_s=5.0))
             call.cancel()
     assert resumed.renewed and resumed.fence == 1
+
+
+async def test_heartbeat_ttl_shorter_than_renew_interval_kept_alive(database_url, namespace):
+    # The server's minimum renew interval (0.5 s) is longer than the lease's ttl
+    # (0.3 s): beats must still renew it, or no such lease could be kept alive.
+    async with (
+        running_server(database_url, min_renew_interval_s=0.5) as server,
+        grpc.aio.insecure_channel(server.target) as channel,
+    ):
+        stub = rpc.LeaseServiceStub(channel)
+        await grant(stub, namespace, "t", "a", ttl_s=0.3)
+        call, _, _, _ = await open_stream(stub, beat(namespace, ttl_s=0.3))
+        started = time.monotonic()
+        renewals = 0
+        while time.monotonic() - started < 1.5:
+            await asyncio.sleep(0.08)
+            await call.write(pb.HeartbeatRequest())
+            reply = await call.read()
+            assert reply != grpc.aio.EOF, "the stream ended while beating"
+            renewals += reply.renewed
+        lease = await get_lease(stub, namespace, "t")
+        assert lease.state == pb.TASK_STATE_HELD and lease.fence == 1
+        # Surviving 1.5 s on a 0.3 s ttl takes at least 5 renewals.
+        assert renewals >= 5, f"only {renewals} of the beats renewed the 0.3 s lease"
+        await call.done_writing()
+        assert (await stream_end(call)).code == grpc.StatusCode.OK
