@@ -86,11 +86,11 @@ def duration(field: str, value: duration_pb2.Duration) -> timedelta:
         or (seconds < 0 and nanos > 0)
     ):
         raise InvalidArgument(field, "is not a well-formed google.protobuf.Duration")
-    value = timedelta(seconds=seconds, microseconds=nanos // 1000)
+    converted = timedelta(seconds=seconds, microseconds=nanos // 1000)
     # PostgreSQL intervals count microseconds: anything shorter would become zero.
-    if value < timedelta(microseconds=1):
+    if converted < timedelta(microseconds=1):
         raise InvalidArgument(field, "must be positive, at least 1 microsecond")
-    return value
+    return converted
 
 
 def ttl(req: Message, settings: Settings, field: str = "ttl") -> timedelta:
