@@ -72,6 +72,17 @@ def _embedded_database(tmp: Any) -> Iterator[str]:
         server.cleanup()
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Says which PostgreSQL the session will use."""
+    if os.environ.get("LEASEKEEPER_TEST_DATABASE_URL"):
+        return "leasekeeper: PostgreSQL from LEASEKEEPER_TEST_DATABASE_URL"
+    if os.environ.get("LEASEKEEPER_TEST_EMBEDDED") != "1" and asyncio.run(
+        _local_postgres_answers()
+    ):
+        return "leasekeeper: PostgreSQL on 127.0.0.1:5432 (a fresh database, dropped afterwards)"
+    return "leasekeeper: embedded PostgreSQL (pgserver), no PostgreSQL answers on 127.0.0.1:5432"
+
+
 @pytest.fixture(scope="session")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A migrated PostgreSQL database for the whole session."""

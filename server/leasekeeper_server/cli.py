@@ -122,12 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("serve", help="start the service")
     commands.add_parser("migrate", help="apply schema migrations and exit")
     leases = commands.add_parser("leases", help="inspect leases on a running server")
-    leases.add_argument("--target", default="127.0.0.1:9457", help="server address host:port")
-    leases.add_argument("-n", "--namespace", default="default")
     sub = leases.add_subparsers(dest="leases_command", required=True)
-    listing = sub.add_parser("list", help="list a namespace's tasks")
+    # Options after the verb, as the README shows: `leases list -n NS --target ADDR`.
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--target", default="127.0.0.1:9457", help="server address host:port")
+    where.add_argument("-n", "--namespace", default="default", help="namespace (default: default)")
+    listing = sub.add_parser("list", help="list a namespace's tasks", parents=[where])
     listing.add_argument("--state", choices=["FREE", "HELD", "EXPIRED", "COMPLETED"])
-    get = sub.add_parser("get", help="show one task")
+    get = sub.add_parser("get", help="show one task", parents=[where])
     get.add_argument("task_id")
     return parser
 

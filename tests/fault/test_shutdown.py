@@ -37,7 +37,7 @@ SETTINGS = {
     "statement_timeout_s": 10,
 }
 # Time for the interpreter to exit after the server stopped.
-EXIT_SLACK_S = 1.5
+EXIT_SLACK_S = 3.0  # process teardown on a loaded 2-core machine
 
 
 @pytest.fixture

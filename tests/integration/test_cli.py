@@ -26,7 +26,7 @@ async def _cli(*args: str) -> tuple[int, str, str]:
 
 async def test_leases_get_held_task_prints_its_lease(server, stub, namespace):
     await stub.Claim(pb.ClaimRequest(namespace=namespace, task_id="t1", owner_id="w", ttl=dur(30)))
-    code, out, _ = await _cli("leases", "--target", server.target, "-n", namespace, "get", "t1")
+    code, out, _ = await _cli("leases", "get", "t1", "-n", namespace, "--target", server.target)
     assert code == 0
     shown = json.loads(out)
     assert (shown["task_id"], shown["owner_id"], shown["fence"], shown["state"]) == (
@@ -38,7 +38,7 @@ async def test_leases_get_held_task_prints_its_lease(server, stub, namespace):
 
 
 async def test_leases_get_unknown_task_exits_1(server, namespace):
-    code, _, err = await _cli("leases", "--target", server.target, "-n", namespace, "get", "nope")
+    code, _, err = await _cli("leases", "get", "nope", "-n", namespace, "--target", server.target)
     assert code == 1
     assert "not found" in err
 
@@ -50,7 +50,7 @@ async def test_leases_list_state_filter_lists_only_that_state(server, stub, name
         )
     await stub.Release(pb.ReleaseRequest(namespace=namespace, task_id="b", owner_id="w", fence=1))
     code, out, _ = await _cli(
-        "leases", "--target", server.target, "-n", namespace, "list", "--state", "HELD"
+        "leases", "list", "-n", namespace, "--state", "HELD", "--target", server.target
     )
     assert code == 0
     listed = [json.loads(line) for line in out.splitlines()]
@@ -58,7 +58,7 @@ async def test_leases_list_state_filter_lists_only_that_state(server, stub, name
 
 
 async def test_leases_get_bad_namespace_prints_one_line_exits_1(server):
-    code, _, err = await _cli("leases", "--target", server.target, "-n", "", "get", "t")
+    code, _, err = await _cli("leases", "get", "t", "-n", "", "--target", server.target)
     assert code == 1
     assert "namespace" in err
     assert "Traceback" not in err
@@ -66,6 +66,6 @@ async def test_leases_get_bad_namespace_prints_one_line_exits_1(server):
 
 async def test_leases_list_unreachable_server_prints_one_line_exits_2(unused_tcp_port):
     target = f"127.0.0.1:{unused_tcp_port}"
-    code, _, err = await _cli("leases", "--target", target, "-n", "ns", "list")
+    code, _, err = await _cli("leases", "list", "-n", "ns", "--target", target)
     assert code == 2
     assert err.count("\n") == 1 and "Traceback" not in err
