@@ -144,3 +144,69 @@ async def snapshot(db: asyncpg.Connection) -> list[tuple[Any, ...]]:
     """Every row of the task table, in a stable order."""
     rows = await db.fetch("SELECT * FROM leasekeeper_tasks ORDER BY namespace, task_id")
     return [tuple(r) for r in rows]
+
+
+# Ways an owner ("a" unless said) with a fence can have lost its lease, for the
+# tables of tests that check each reason. Each returns (owner_id, fence) of the
+# lost lease on task "t".
+
+
+async def lost_by_expiry(stub: Stub, namespace: str, db: asyncpg.Connection) -> tuple[str, int]:
+    await grant(stub, namespace, "t", "a")
+    await backdate(db, namespace, "t")
+    return "a", 1
+
+
+async def lost_to_newer_claim(
+    stub: Stub, namespace: str, db: asyncpg.Connection
+) -> tuple[str, int]:
+    await lost_by_expiry(stub, namespace, db)
+    await grant(stub, namespace, "t", "b")
+    return "a", 1
+
+
+async def held_by_other_owner(
+    stub: Stub, namespace: str, db: asyncpg.Connection
+) -> tuple[str, int]:
+    await grant(stub, namespace, "t", "a")
+    return "b", 1
+
+
+async def fence_above_issued(stub: Stub, namespace: str, db: asyncpg.Connection) -> tuple[str, int]:
+    await grant(stub, namespace, "t", "a")
+    return "a", 2
+
+
+async def unknown_task(stub: Stub, namespace: str, db: asyncpg.Connection) -> tuple[str, int]:
+    return "a", 1
+
+
+async def released(stub: Stub, namespace: str, db: asyncpg.Connection) -> tuple[str, int]:
+    await grant(stub, namespace, "t", "a")
+    await release(stub, namespace, "t", "a", 1)
+    return "a", 1
+
+
+async def completed(stub: Stub, namespace: str, db: asyncpg.Connection) -> tuple[str, int]:
+    await grant(stub, namespace, "t", "a")
+    await release(stub, namespace, "t", "a", 1, complete=True)
+    return "a", 1
+
+
+async def revoked(stub: Stub, namespace: str, db: asyncpg.Connection) -> tuple[str, int]:
+    # No RPC revokes yet; an operator's revoke is a row transition to 'revoked'.
+    await grant(stub, namespace, "t", "a")
+    await db.execute(
+        "UPDATE leasekeeper_tasks SET state = 'revoked', end_reason = 'LEASE_REVOKED'"
+        " WHERE namespace = $1 AND task_id = 't'",
+        namespace,
+    )
+    return "a", 1
+
+
+async def superseded_then_completed(
+    stub: Stub, namespace: str, db: asyncpg.Connection
+) -> tuple[str, int]:
+    await lost_to_newer_claim(stub, namespace, db)
+    await release(stub, namespace, "t", "b", 2, complete=True)
+    return "a", 1

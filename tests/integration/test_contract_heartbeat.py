@@ -25,11 +25,18 @@ from tests.helpers import bad_request_fields, dur, error_info
 from tests.integration.contract_helpers import (
     backdate,
     claim,
+    completed,
+    fence_above_issued,
     get_lease,
     grant,
+    held_by_other_owner,
+    lost_by_expiry,
+    lost_to_newer_claim,
     release,
+    released,
     row,
     secs,
+    unknown_task,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -114,56 +121,18 @@ async def test_heartbeat_unset_ttl_renews_for_server_default(stub, namespace):
     assert 4.5 < secs(reply.remaining_ttl) <= 5.0
 
 
-async def _expired(stub, namespace, db):
-    await grant(stub, namespace, "t", "a")
-    await backdate(db, namespace, "t")
-    return "a", 1
-
-
-async def _superseded(stub, namespace, db):
-    await _expired(stub, namespace, db)
-    await grant(stub, namespace, "t", "b")
-    return "a", 1
-
-
-async def _not_owner(stub, namespace, db):
-    await grant(stub, namespace, "t", "a")
-    return "b", 1
-
-
-async def _fence_above_issued(stub, namespace, db):
-    await grant(stub, namespace, "t", "a")
-    return "a", 2
-
-
-async def _unknown_task(stub, namespace, db):
-    return "a", 1
-
-
-async def _released(stub, namespace, db):
-    await grant(stub, namespace, "t", "a")
-    await release(stub, namespace, "t", "a", 1)
-    return "a", 1
-
-
-async def _completed(stub, namespace, db):
-    await grant(stub, namespace, "t", "a")
-    await release(stub, namespace, "t", "a", 1, complete=True)
-    return "a", 1
-
-
 @pytest.mark.parametrize(
     ("setup", "reason"),
     [
-        (_expired, "LEASE_EXPIRED"),
-        (_superseded, "LEASE_SUPERSEDED"),
-        (_not_owner, "NOT_OWNER"),
-        (_fence_above_issued, "FENCE_UNKNOWN"),
-        (_unknown_task, "FENCE_UNKNOWN"),
-        (_released, "LEASE_RELEASED"),
-        (_completed, "TASK_COMPLETED"),
+        (lost_by_expiry, "LEASE_EXPIRED"),
+        (lost_to_newer_claim, "LEASE_SUPERSEDED"),
+        (held_by_other_owner, "NOT_OWNER"),
+        (fence_above_issued, "FENCE_UNKNOWN"),
+        (unknown_task, "FENCE_UNKNOWN"),
+        (released, "LEASE_RELEASED"),
+        (completed, "TASK_COMPLETED"),
     ],
-    ids=lambda v: v.__name__.strip("_") if callable(v) else None,
+    ids=lambda v: v.__name__ if callable(v) else None,
 )
 async def test_heartbeat_first_message_for_lost_lease_aborts_with_reason(
     stub, namespace, db, setup, reason
@@ -413,7 +382,7 @@ async def _revoke_in_database(stub, other, namespace, db):
         (_release_elsewhere, "LEASE_RELEASED"),
         (_revoke_in_database, "LEASE_REVOKED"),
     ],
-    ids=lambda v: v.__name__.strip("_") if callable(v) else None,
+    ids=lambda v: v.__name__ if callable(v) else None,
 )
 async def test_heartbeat_loss_elsewhere_pushes_aborted_within_a_second(
     server, stub, namespace, db, lose, reason

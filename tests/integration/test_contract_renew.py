@@ -11,16 +11,22 @@ import pytest
 from leasekeeper.v1 import lease_service_pb2 as pb
 from tests.helpers import error_info
 from tests.integration.contract_helpers import (
-    backdate,
     claim,
+    completed,
     expect_error,
     failure,
+    fence_above_issued,
     get_lease,
     grant,
-    release,
+    held_by_other_owner,
+    lost_to_newer_claim,
+    released,
     renew,
+    revoked,
     row,
     secs,
+    superseded_then_completed,
+    unknown_task,
     wait_for_state,
 )
 
@@ -71,71 +77,19 @@ async def test_renew_expired_lease_aborts_lease_expired_and_does_not_revive(stub
     assert (await get_lease(stub, namespace, "t")).state == pb.TASK_STATE_EXPIRED
 
 
-async def _superseded(stub, namespace, db):
-    await grant(stub, namespace, "t", "a")
-    await backdate(db, namespace, "t")
-    await grant(stub, namespace, "t", "b")
-    return "a", 1
-
-
-async def _held_by_a_renewed_by_b(stub, namespace, db):
-    await grant(stub, namespace, "t", "a")
-    return "b", 1
-
-
-async def _fence_above_issued(stub, namespace, db):
-    await grant(stub, namespace, "t", "a")
-    return "a", 2
-
-
-async def _unknown_task(stub, namespace, db):
-    return "a", 1
-
-
-async def _released(stub, namespace, db):
-    await grant(stub, namespace, "t", "a")
-    await release(stub, namespace, "t", "a", 1)
-    return "a", 1
-
-
-async def _completed(stub, namespace, db):
-    await grant(stub, namespace, "t", "a")
-    await release(stub, namespace, "t", "a", 1, complete=True)
-    return "a", 1
-
-
-async def _revoked(stub, namespace, db):
-    # No RPC revokes yet; an operator's revoke is a row transition to 'revoked'.
-    await grant(stub, namespace, "t", "a")
-    await db.execute(
-        "UPDATE leasekeeper_tasks SET state = 'revoked', end_reason = 'LEASE_REVOKED'"
-        " WHERE namespace = $1 AND task_id = 't'",
-        namespace,
-    )
-    return "a", 1
-
-
-async def _superseded_then_completed(stub, namespace, db):
-    await grant(stub, namespace, "t", "a")
-    await backdate(db, namespace, "t")
-    await grant(stub, namespace, "t", "b")
-    await release(stub, namespace, "t", "b", 2, complete=True)
-    return "a", 1
-
-
 @pytest.mark.parametrize(
     ("setup", "reason"),
     [
-        (_superseded, "LEASE_SUPERSEDED"),
-        (_held_by_a_renewed_by_b, "NOT_OWNER"),
-        (_fence_above_issued, "FENCE_UNKNOWN"),
-        (_unknown_task, "FENCE_UNKNOWN"),
-        (_released, "LEASE_RELEASED"),
-        (_completed, "TASK_COMPLETED"),
-        (_revoked, "LEASE_REVOKED"),
-        (_superseded_then_completed, "TASK_COMPLETED"),
+        (lost_to_newer_claim, "LEASE_SUPERSEDED"),
+        (held_by_other_owner, "NOT_OWNER"),
+        (fence_above_issued, "FENCE_UNKNOWN"),
+        (unknown_task, "FENCE_UNKNOWN"),
+        (released, "LEASE_RELEASED"),
+        (completed, "TASK_COMPLETED"),
+        (revoked, "LEASE_REVOKED"),
+        (superseded_then_completed, "TASK_COMPLETED"),
     ],
-    ids=lambda v: v.__name__.strip("_") if callable(v) else v,
+    ids=lambda v: v.__name__ if callable(v) else v,
 )
 async def test_renew_lost_lease_aborts_with_reason(stub, namespace, db, setup, reason):
     owner, fence = await setup(stub, namespace, db)
