@@ -57,6 +57,8 @@ class HealthMonitor:
             serving = False
             if self._serving is not False:
                 log.warning("database unreachable; health NOT_SERVING: %s", exc)
+        if serving == self._serving:
+            return
         if serving and self._serving is False:
             log.info("database reachable again; health SERVING")
         self._serving = serving
