@@ -23,8 +23,12 @@ import sys
 import warnings
 from collections.abc import Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from .settings import Settings
+if TYPE_CHECKING:
+    from .settings import Settings
+
+SERVER_EXTRA_HINT = "the service needs its extras: pip install 'leasekeeper[server]'"
 
 log = logging.getLogger("leasekeeper")
 
@@ -142,6 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "leases":
         return asyncio.run(_leases(args))
+    # `leases` needs only the thin client; serve and migrate need the extras.
+    try:
+        from .settings import Settings
+    except ImportError as exc:
+        print(f"leasekeeper: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
+        return 2
     settings = Settings()
     _configure_logging(settings.log_level)
     if args.command == "serve":
