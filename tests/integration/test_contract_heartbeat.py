@@ -518,3 +518,24 @@ async def test_heartbeat_ttl_shorter_than_renew_interval_kept_alive(database_url
         assert renewals >= 5, f"only {renewals} of the beats renewed the 0.3 s lease"
         await call.done_writing()
         assert (await stream_end(call)).code == grpc.StatusCode.OK
+
+
+async def test_heartbeat_many_streams_share_one_listening_connection(server, stub, namespace, db):
+    count_listeners = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = 'leasekeeper-events'"
+    )
+    before = await db.fetchval(count_listeners)
+    calls = []
+    try:
+        for i in range(5):
+            await grant(stub, namespace, f"t{i}", "a")
+            call, _, _, _ = await open_stream(stub, beat(namespace, task_id=f"t{i}", ttl_s=5.0))
+            calls.append(call)
+        assert server.server.heartbeats.open_streams == 5
+        # The server's one LISTEN connection serves every stream: none is added per stream.
+        assert before >= 1
+        assert await db.fetchval(count_listeners) == before
+    finally:
+        for call in calls:
+            call.cancel()
