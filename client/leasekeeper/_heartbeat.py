@@ -33,6 +33,11 @@ from .v1 import lease_service_pb2 as pb
 
 logger = logging.getLogger("leasekeeper.heartbeat")
 
+# Codes after which the stream is reopened with the same fence. INTERNAL is
+# among them because grpc.aio reports "Internal error from Core" in place of
+# the server's status when a beat's write races the stream's end
+# (grpc/grpc#36066): the reopened stream's first message then hears the real
+# reason (ABORTED with it, if the lease is lost).
 _TRANSIENT_CODES = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,

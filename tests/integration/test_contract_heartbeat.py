@@ -10,7 +10,6 @@ have happened and within LOSS_PUSH_S of the latest instant it could have.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -417,29 +416,24 @@ async def test_heartbeat_runtime_budget_spent_without_beats_ends_runtime_exceede
 
 
 async def test_heartbeat_runtime_budget_spent_while_beating_ends_runtime_exceeded(stub, namespace):
-    # A ttl of 0.6 s leaves a loaded machine room for a late beat; the budget
-    # (1.5 s) still runs out long before anything else could end the lease.
+    # ttl 0.6 s, budget 1.5 s. Beats keep the lease alive until 1.0 s after the
+    # claim; from then on every renewal reaches the runtime deadline (1.0 + 0.6
+    # > 1.5), so the lease ends exactly at its budget, and the push must name it.
+    # The beats stop before the end on purpose: a write racing the server's
+    # status makes grpc.aio report INTERNAL instead of it (grpc/grpc#36066).
     sent_claim = time.monotonic()
     await grant(stub, namespace, "t", "a", ttl_s=0.6, max_runtime_s=1.5)
     claimed = time.monotonic()
-    call, _, _, _ = await open_stream(stub, beat(namespace, ttl_s=0.6))
-
-    async def keep_beating() -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            while not call.done():
-                await call.write(pb.HeartbeatRequest())
-                await asyncio.sleep(0.1)
-
-    beater = asyncio.ensure_future(keep_beating())
-    try:
-        end = await stream_end(call)
-    finally:
-        beater.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beater
+    call, first, _, _ = await open_stream(stub, beat(namespace, ttl_s=0.6))
+    replies = [first]
+    while time.monotonic() - claimed < 1.0:
+        await asyncio.sleep(0.2)
+        await call.write(pb.HeartbeatRequest())
+        replies.append(await call.read())
+    end = await stream_end(call)
 
     assert (end.code, end.reason) == (grpc.StatusCode.ABORTED, "RUNTIME_EXCEEDED")
-    assert sum(r.renewed for r in end.replies) >= 3  # it was kept alive until the budget ran out
+    assert sum(r.renewed for r in replies) >= 4  # it was kept alive until the budget ran out
     assert end.at >= sent_claim + 1.5 - EARLY_SLACK_S
     assert end.at - (claimed + 1.5) < LOSS_PUSH_S
 
