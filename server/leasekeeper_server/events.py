@@ -69,11 +69,6 @@ class LeaseEvents:
                 if not watchers:
                     del self._watchers[key]
 
-    @property
-    def watched(self) -> int:
-        """How many watches are open."""
-        return sum(len(s) for s in self._watchers.values())
-
     def _wake_all(self) -> None:
         for events in self._watchers.values():
             for event in events:

@@ -232,11 +232,6 @@ class Store:
                 return task
         raise _lost(task, reason or LossReason.LEASE_SUPERSEDED)
 
-    async def check(self, ref: LeaseRef) -> LossReason | None:
-        """Why ``ref`` does not hold its lease now, or None while it does (one read)."""
-        task = await self.get_task(ref.key)
-        return owner_loss(task, ref.owner_id, ref.fence)
-
     async def _loss(self, ref: LeaseRef) -> LeaseLost:
         task = await self.get_task(ref.key)
         # The renewal found no live lease; a read an instant later can only
