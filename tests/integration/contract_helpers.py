@@ -194,13 +194,8 @@ async def completed(stub: Stub, namespace: str, db: asyncpg.Connection) -> tuple
 
 
 async def revoked(stub: Stub, namespace: str, db: asyncpg.Connection) -> tuple[str, int]:
-    # No RPC revokes yet; an operator's revoke is a row transition to 'revoked'.
     await grant(stub, namespace, "t", "a")
-    await db.execute(
-        "UPDATE leasekeeper_tasks SET state = 'revoked', end_reason = 'LEASE_REVOKED'"
-        " WHERE namespace = $1 AND task_id = 't'",
-        namespace,
-    )
+    await revoke_in_database(db, namespace, "t")
     return "a", 1
 
 
@@ -210,3 +205,14 @@ async def superseded_then_completed(
     await lost_to_newer_claim(stub, namespace, db)
     await release(stub, namespace, "t", "b", 2, complete=True)
     return "a", 1
+
+
+async def revoke_in_database(db: asyncpg.Connection, namespace: str, task_id: str) -> None:
+    """Revokes a task's lease as an operator will: no RPC does it yet (issue 5's Revoke)."""
+    status = await db.execute(
+        "UPDATE leasekeeper_tasks SET state = 'revoked', end_reason = 'LEASE_REVOKED'"
+        " WHERE namespace = $1 AND task_id = $2",
+        namespace,
+        task_id,
+    )
+    assert status == "UPDATE 1"

@@ -33,6 +33,7 @@ from tests.integration.contract_helpers import (
     lost_to_newer_claim,
     release,
     released,
+    revoke_in_database,
     row,
     secs,
     unknown_task,
@@ -366,11 +367,7 @@ async def _release_elsewhere(stub, other, namespace, db):
 
 
 async def _revoke_in_database(stub, other, namespace, db):
-    await db.execute(
-        "UPDATE leasekeeper_tasks SET state = 'revoked', end_reason = 'LEASE_REVOKED'"
-        " WHERE namespace = $1 AND task_id = 't'",
-        namespace,
-    )
+    await revoke_in_database(db, namespace, "t")
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from tests.integration.contract_helpers import (
     get_lease,
     grant,
     release,
+    revoke_in_database,
     row,
     secs,
     validate,
@@ -131,11 +132,7 @@ async def _completed_by_a(stub, namespace, db):
 
 async def _revoked(stub, namespace, db):
     await grant(stub, namespace, "t", "a")
-    await db.execute(
-        "UPDATE leasekeeper_tasks SET state = 'revoked', end_reason = 'LEASE_REVOKED'"
-        " WHERE namespace = $1 AND task_id = 't'",
-        namespace,
-    )
+    await revoke_in_database(db, namespace, "t")
 
 
 async def _nothing(stub, namespace, db):

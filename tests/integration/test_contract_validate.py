@@ -9,6 +9,7 @@ from tests.integration.contract_helpers import (
     backdate,
     grant,
     release,
+    revoke_in_database,
     secs,
     validate,
     wait_for_state,
@@ -74,11 +75,7 @@ async def _runtime_spent(stub, namespace, db):
 
 async def _revoked(stub, namespace, db):
     await grant(stub, namespace, "t", "a")
-    await db.execute(
-        "UPDATE leasekeeper_tasks SET state = 'revoked', end_reason = 'LEASE_REVOKED'"
-        " WHERE namespace = $1 AND task_id = 't'",
-        namespace,
-    )
+    await revoke_in_database(db, namespace, "t")
     return 1
 
 
