@@ -30,6 +30,26 @@ class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATE_HELD: _ClassVar[TaskState]
     TASK_STATE_EXPIRED: _ClassVar[TaskState]
     TASK_STATE_COMPLETED: _ClassVar[TaskState]
+
+class EffectPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EFFECT_POLICY_UNSPECIFIED: _ClassVar[EffectPolicy]
+    EFFECT_POLICY_ONCE: _ClassVar[EffectPolicy]
+    EFFECT_POLICY_LATEST: _ClassVar[EffectPolicy]
+
+class EffectState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EFFECT_STATE_UNSPECIFIED: _ClassVar[EffectState]
+    EFFECT_STATE_RESERVED: _ClassVar[EffectState]
+    EFFECT_STATE_SUCCEEDED: _ClassVar[EffectState]
+    EFFECT_STATE_FAILED: _ClassVar[EffectState]
+
+class EffectDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EFFECT_DECISION_UNSPECIFIED: _ClassVar[EffectDecision]
+    EFFECT_DECISION_PROCEED: _ClassVar[EffectDecision]
+    EFFECT_DECISION_ALREADY_APPLIED: _ClassVar[EffectDecision]
+    EFFECT_DECISION_IN_DOUBT: _ClassVar[EffectDecision]
 LOSS_REASON_UNSPECIFIED: LossReason
 LOSS_REASON_LEASE_EXPIRED: LossReason
 LOSS_REASON_LEASE_SUPERSEDED: LossReason
@@ -44,6 +64,17 @@ TASK_STATE_FREE: TaskState
 TASK_STATE_HELD: TaskState
 TASK_STATE_EXPIRED: TaskState
 TASK_STATE_COMPLETED: TaskState
+EFFECT_POLICY_UNSPECIFIED: EffectPolicy
+EFFECT_POLICY_ONCE: EffectPolicy
+EFFECT_POLICY_LATEST: EffectPolicy
+EFFECT_STATE_UNSPECIFIED: EffectState
+EFFECT_STATE_RESERVED: EffectState
+EFFECT_STATE_SUCCEEDED: EffectState
+EFFECT_STATE_FAILED: EffectState
+EFFECT_DECISION_UNSPECIFIED: EffectDecision
+EFFECT_DECISION_PROCEED: EffectDecision
+EFFECT_DECISION_ALREADY_APPLIED: EffectDecision
+EFFECT_DECISION_IN_DOUBT: EffectDecision
 
 class Lease(_message.Message):
     __slots__ = ("namespace", "task_id", "owner_id", "fence", "state", "expire_time", "remaining_ttl", "runtime_deadline", "claim_time", "end_reason")
@@ -218,3 +249,103 @@ class ListLeasesResponse(_message.Message):
     leases: _containers.RepeatedCompositeFieldContainer[Lease]
     next_page_token: str
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class Effect(_message.Message):
+    __slots__ = ("namespace", "task_id", "effect_key", "policy", "request_digest", "state", "fence", "complete_fence", "retryable", "result", "attempts", "begin_time", "complete_time")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_KEY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FENCE_FIELD_NUMBER: _ClassVar[int]
+    RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_TIME_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_TIME_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    effect_key: str
+    policy: EffectPolicy
+    request_digest: bytes
+    state: EffectState
+    fence: int
+    complete_fence: int
+    retryable: bool
+    result: bytes
+    attempts: int
+    begin_time: _timestamp_pb2.Timestamp
+    complete_time: _timestamp_pb2.Timestamp
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., effect_key: _Optional[str] = ..., policy: _Optional[_Union[EffectPolicy, str]] = ..., request_digest: _Optional[bytes] = ..., state: _Optional[_Union[EffectState, str]] = ..., fence: _Optional[int] = ..., complete_fence: _Optional[int] = ..., retryable: _Optional[bool] = ..., result: _Optional[bytes] = ..., attempts: _Optional[int] = ..., begin_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., complete_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class BeginEffectRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "fence", "effect_key", "policy", "request_digest")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_KEY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    fence: int
+    effect_key: str
+    policy: EffectPolicy
+    request_digest: bytes
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., fence: _Optional[int] = ..., effect_key: _Optional[str] = ..., policy: _Optional[_Union[EffectPolicy, str]] = ..., request_digest: _Optional[bytes] = ...) -> None: ...
+
+class BeginEffectResponse(_message.Message):
+    __slots__ = ("decision", "effect")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
+    decision: EffectDecision
+    effect: Effect
+    def __init__(self, decision: _Optional[_Union[EffectDecision, str]] = ..., effect: _Optional[_Union[Effect, _Mapping]] = ...) -> None: ...
+
+class CompleteEffectRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "fence", "effect_key", "outcome", "retryable", "result")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_KEY_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    fence: int
+    effect_key: str
+    outcome: EffectState
+    retryable: bool
+    result: bytes
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., fence: _Optional[int] = ..., effect_key: _Optional[str] = ..., outcome: _Optional[_Union[EffectState, str]] = ..., retryable: _Optional[bool] = ..., result: _Optional[bytes] = ...) -> None: ...
+
+class CompleteEffectResponse(_message.Message):
+    __slots__ = ("effect",)
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
+    effect: Effect
+    def __init__(self, effect: _Optional[_Union[Effect, _Mapping]] = ...) -> None: ...
+
+class ListEffectsRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "state", "page_size", "page_token")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    state: EffectState
+    page_size: int
+    page_token: str
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., state: _Optional[_Union[EffectState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListEffectsResponse(_message.Message):
+    __slots__ = ("effects", "next_page_token")
+    EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    effects: _containers.RepeatedCompositeFieldContainer[Effect]
+    next_page_token: str
+    def __init__(self, effects: _Optional[_Iterable[_Union[Effect, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

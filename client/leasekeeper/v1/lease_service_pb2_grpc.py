@@ -70,6 +70,21 @@ class LeaseServiceStub:
                 request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListLeasesRequest.SerializeToString,
                 response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListLeasesResponse.FromString,
                 _registered_method=True)
+        self.BeginEffect = channel.unary_unary(
+                '/leasekeeper.v1.LeaseService/BeginEffect',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.BeginEffectRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.BeginEffectResponse.FromString,
+                _registered_method=True)
+        self.CompleteEffect = channel.unary_unary(
+                '/leasekeeper.v1.LeaseService/CompleteEffect',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.CompleteEffectRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.CompleteEffectResponse.FromString,
+                _registered_method=True)
+        self.ListEffects = channel.unary_unary(
+                '/leasekeeper.v1.LeaseService/ListEffects',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListEffectsRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListEffectsResponse.FromString,
+                _registered_method=True)
 
 
 class LeaseServiceServicer:
@@ -165,6 +180,57 @@ class LeaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginEffect(self, request, context):
+        """Reserves an effect for the caller's fence in the effect ledger. One
+        transaction, decided on the database clock: the fence must be the task's
+        current fence and its lease HELD, and stays so until the reservation is
+        committed (a concurrent claim waits for it). Then, for
+        (namespace, task_id, effect_key):
+        no record, or FAILED and retryable     -> PROCEED (a new attempt);
+        SUCCEEDED, or FAILED and not retryable -> ALREADY_APPLIED (ONCE; and
+        LATEST for the same fence);
+        RESERVED                               -> IN_DOUBT (ONCE; and LATEST
+        for the same fence);
+        LATEST, recorded by an older fence     -> PROCEED (superseded).
+        Of many concurrent calls for one new key, exactly one gets PROCEED.
+
+        Errors:
+        ABORTED  the fence may not act: LEASE_EXPIRED, LEASE_SUPERSEDED,
+        LEASE_RELEASED, LEASE_REVOKED, RUNTIME_EXCEEDED,
+        TASK_COMPLETED, FENCE_UNKNOWN. Nothing is reserved.
+        FAILED_PRECONDITION  EFFECT_KEY_REUSED: the key was reserved with
+        another policy or another request_digest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteEffect(self, request, context):
+        """Records the outcome of a reserved effect. One transaction: the fence
+        must be the task's current fence and its lease HELD, and at least the
+        fence of the reservation (a replacement worker may record the outcome of
+        an earlier attempt it reconciled). Idempotent: the same outcome, retryable
+        flag and result recorded again answer OK.
+
+        Errors:
+        ABORTED  the fence may not act (reasons as BeginEffect): a step that
+        outlived its lease cannot complete its effect.
+        FAILED_PRECONDITION  EFFECT_NOT_BEGUN: no reservation for the key;
+        EFFECT_ALREADY_COMPLETED: another outcome is recorded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEffects(self, request, context):
+        """A task's effects, ordered by effect_key, in pages: what was reserved, by
+        which fence, in which state. For reconciliation and for a replacement
+        worker. Read-only; a task without effects (or never claimed) has none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LeaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -202,6 +268,21 @@ def add_LeaseServiceServicer_to_server(servicer, server):
                     servicer.ListLeases,
                     request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListLeasesRequest.FromString,
                     response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListLeasesResponse.SerializeToString,
+            ),
+            'BeginEffect': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginEffect,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.BeginEffectRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.BeginEffectResponse.SerializeToString,
+            ),
+            'CompleteEffect': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteEffect,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.CompleteEffectRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.CompleteEffectResponse.SerializeToString,
+            ),
+            'ListEffects': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEffects,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListEffectsRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListEffectsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -394,6 +475,87 @@ class LeaseService:
             '/leasekeeper.v1.LeaseService/ListLeases',
             leasekeeper_dot_v1_dot_lease__service__pb2.ListLeasesRequest.SerializeToString,
             leasekeeper_dot_v1_dot_lease__service__pb2.ListLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginEffect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasekeeper.v1.LeaseService/BeginEffect',
+            leasekeeper_dot_v1_dot_lease__service__pb2.BeginEffectRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.BeginEffectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteEffect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasekeeper.v1.LeaseService/CompleteEffect',
+            leasekeeper_dot_v1_dot_lease__service__pb2.CompleteEffectRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.CompleteEffectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEffects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasekeeper.v1.LeaseService/ListEffects',
+            leasekeeper_dot_v1_dot_lease__service__pb2.ListEffectsRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.ListEffectsResponse.FromString,
             options,
             channel_credentials,
             insecure,
