@@ -18,6 +18,8 @@ from .embedded import EmbeddedPostgres
 from .events import LeaseEvents
 from .health import HealthMonitor
 from .heartbeat import HeartbeatService
+from .ledger import EffectLedger
+from .metrics import Metrics
 from .migrate import migrate
 from .servicer import SERVICE_NAME, LeaseServicer, method_handlers
 from .settings import Settings
@@ -57,6 +59,7 @@ class LeaseServer:
         self._events: LeaseEvents | None = None
         self._health: HealthMonitor | None = None
         self.heartbeats: HeartbeatService | None = None
+        self.metrics = Metrics()
 
     async def start(self) -> int:
         """Migrates the schema and starts serving; returns the bound port.
@@ -75,7 +78,11 @@ class LeaseServer:
 
         server = grpc.aio.server(options=SERVER_OPTIONS)
         server.add_generic_rpc_handlers(
-            (method_handlers(LeaseServicer(store, self.heartbeats, s)),)
+            (
+                method_handlers(
+                    LeaseServicer(store, EffectLedger(store), self.heartbeats, self.metrics, s)
+                ),
+            )
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, server)
         reflection.enable_server_reflection(

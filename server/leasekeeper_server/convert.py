@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 
+from .effects import BeginDecision, Effect, EffectPolicy, EffectState
 from .model import LossReason, Task, TaskState
 
 # Domain enum -> proto enum value, by name (the proto's values carry a prefix).
 _STATE: dict[TaskState, pb.TaskState] = {s: getattr(pb, f"TASK_STATE_{s.value}") for s in TaskState}
 _REASON: dict[LossReason, pb.LossReason] = {
     r: getattr(pb, f"LOSS_REASON_{r.value}") for r in LossReason
+}
+
+_POLICY: dict[EffectPolicy, pb.EffectPolicy] = {
+    p: getattr(pb, f"EFFECT_POLICY_{p.name}") for p in EffectPolicy
+}
+_EFFECT_STATE: dict[EffectState, pb.EffectState] = {
+    s: getattr(pb, f"EFFECT_STATE_{s.name}") for s in EffectState
+}
+DECISION: dict[BeginDecision, pb.EffectDecision] = {
+    d: getattr(pb, f"EFFECT_DECISION_{d.name}") for d in BeginDecision
 }
 
 
@@ -34,4 +45,25 @@ def lease(task: Task) -> pb.Lease:
     msg.remaining_ttl.FromTimedelta(task.remaining_ttl)
     msg.runtime_deadline.FromDatetime(task.runtime_deadline)
     msg.claim_time.FromDatetime(task.claim_time)
+    return msg
+
+
+def effect(record: Effect) -> pb.Effect:
+    """The Effect message for a ledger record."""
+    msg = pb.Effect(
+        namespace=record.namespace,
+        task_id=record.task_id,
+        effect_key=record.effect_key,
+        policy=_POLICY[record.policy],
+        request_digest=record.request_digest,
+        state=_EFFECT_STATE[record.state],
+        fence=record.fence,
+        complete_fence=record.complete_fence or 0,
+        retryable=record.retryable,
+        result=record.result,
+        attempts=record.attempts,
+    )
+    msg.begin_time.FromDatetime(record.begin_time)
+    if record.complete_time is not None:
+        msg.complete_time.FromDatetime(record.complete_time)
     return msg

@@ -6,6 +6,10 @@
     ├── InvalidArgument       bad input; nothing changed         -> INVALID_ARGUMENT
     ├── LeaseLost             the caller's lease is not live      -> ABORTED (reason)
     ├── TaskCompleted         claim of a terminal task            -> FAILED_PRECONDITION
+    ├── EffectConflict        the effect ledger refuses the call  -> FAILED_PRECONDITION
+    │   ├── EffectKeyReused         same key, another policy or request digest
+    │   ├── EffectNotBegun          completion of an effect never reserved
+    │   └── EffectAlreadyCompleted  another outcome is already recorded
     ├── TaskNotFound          inspection of an unknown task       -> NOT_FOUND
     └── ServiceUnavailable    retry the call                      -> UNAVAILABLE
         ├── DatabaseUnavailable   the database cannot be reached
@@ -17,7 +21,12 @@ mention asyncpg, SQLSTATEs or tables: ``store.py`` translates driver errors.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .model import LossReason
+
+if TYPE_CHECKING:
+    from .effects import Effect
 
 
 class LeaseServiceError(Exception):
@@ -68,6 +77,54 @@ class TaskCompleted(LeaseServiceError):
 
     def metadata(self) -> dict[str, str]:  # noqa: D102
         return {"current_fence": str(self.fence)}
+
+
+class EffectConflict(LeaseServiceError):
+    """The effect ledger refuses a call whatever the lease (FAILED_PRECONDITION)."""
+
+
+class EffectKeyReused(EffectConflict):
+    """The effect key was reserved with another policy or request digest."""
+
+    reason = "EFFECT_KEY_REUSED"
+
+    def __init__(self, record: Effect, field: str) -> None:
+        super().__init__(
+            f"effect_key {record.effect_key!r} was reserved with another {field} "
+            f"(policy {record.policy.value.upper()}, fence {record.fence}): "
+            "one key names one effect"
+        )
+        self.field = field
+        self.fence = record.fence
+
+    def metadata(self) -> dict[str, str]:  # noqa: D102
+        return {"field": self.field, "recorded_fence": str(self.fence)}
+
+
+class EffectNotBegun(EffectConflict):
+    """CompleteEffect for an effect key that was never reserved."""
+
+    reason = "EFFECT_NOT_BEGUN"
+
+    def __init__(self) -> None:
+        super().__init__("no effect with this effect_key was begun: call BeginEffect first")
+
+
+class EffectAlreadyCompleted(EffectConflict):
+    """CompleteEffect with another outcome than the one recorded."""
+
+    reason = "EFFECT_ALREADY_COMPLETED"
+
+    def __init__(self, state: str, complete_fence: int) -> None:
+        super().__init__(
+            f"the effect already has another outcome ({state}, recorded by fence "
+            f"{complete_fence}); the first confirmed outcome stands"
+        )
+        self.state = state
+        self.complete_fence = complete_fence
+
+    def metadata(self) -> dict[str, str]:  # noqa: D102
+        return {"state": self.state, "complete_fence": str(self.complete_fence)}
 
 
 class TaskNotFound(LeaseServiceError):

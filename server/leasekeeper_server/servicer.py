@@ -9,8 +9,11 @@ import grpc
 from leasekeeper.v1 import lease_service_pb2 as pb
 
 from . import convert, validate
-from .errors import TaskNotFound
+from .effects import BeginDecision, EffectState
+from .errors import EffectConflict, LeaseLost, TaskNotFound
 from .heartbeat import HeartbeatService
+from .ledger import EffectLedger
+from .metrics import EffectEvent, Metrics
 from .model import fence_loss
 from .rpc import parse_or_malformed, unary
 from .settings import Settings
@@ -20,9 +23,18 @@ from .store import Store
 class LeaseServicer:
     """The leasekeeper.v1.LeaseService handlers."""
 
-    def __init__(self, store: Store, heartbeats: HeartbeatService, settings: Settings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        ledger: EffectLedger,
+        heartbeats: HeartbeatService,
+        metrics: Metrics,
+        settings: Settings,
+    ) -> None:
         self._store = store
+        self._ledger = ledger
         self._heartbeats = heartbeats
+        self._metrics = metrics
         self._settings = settings
 
     @unary
@@ -101,6 +113,56 @@ class LeaseServicer:
             response.next_page_token = validate.encode_page_token(tasks[size - 1].task_id)
         return response
 
+    @unary
+    async def BeginEffect(
+        self, request: pb.BeginEffectRequest, context: Any
+    ) -> pb.BeginEffectResponse:
+        """Reserves an effect for a live fence (see ledger.py and effects.py)."""
+        begin = validate.begin_request(request, self._settings)
+        self._metrics.effect(EffectEvent.BEGUN)
+        try:
+            decision, record = await self._ledger.begin(begin)
+        except (LeaseLost, EffectConflict):
+            self._metrics.effect(EffectEvent.REFUSED)
+            raise
+        self._metrics.effect(_BEGIN_EVENT[decision])
+        return pb.BeginEffectResponse(
+            decision=convert.DECISION[decision], effect=convert.effect(record)
+        )
+
+    @unary
+    async def CompleteEffect(
+        self, request: pb.CompleteEffectRequest, context: Any
+    ) -> pb.CompleteEffectResponse:
+        """Records an effect's outcome by a live fence; idempotent for the same outcome."""
+        key = validate.effect_key(request, self._settings)
+        fence = validate.fence("fence", request.fence)
+        outcome = validate.outcome(request, self._settings)
+        try:
+            record = await self._ledger.complete(key, fence, outcome)
+        except (LeaseLost, EffectConflict):
+            self._metrics.effect(EffectEvent.REFUSED)
+            raise
+        applied = outcome.state is EffectState.SUCCEEDED
+        self._metrics.effect(EffectEvent.APPLIED if applied else EffectEvent.FAILED)
+        return pb.CompleteEffectResponse(effect=convert.effect(record))
+
+    @unary
+    async def ListEffects(
+        self, request: pb.ListEffectsRequest, context: Any
+    ) -> pb.ListEffectsResponse:
+        """One page of a task's effects, by effect_key."""
+        s = self._settings
+        task = validate.task_key(request, s)
+        state = validate.effect_state_filter(request.state)
+        size = validate.page_size(request.page_size)
+        after = validate.page_token(request.page_token, s)
+        records = await self._ledger.list(task, after, size + 1, state)
+        response = pb.ListEffectsResponse(effects=[convert.effect(r) for r in records[:size]])
+        if len(records) > size:
+            response.next_page_token = validate.encode_page_token(records[size - 1].effect_key)
+        return response
+
     async def Heartbeat(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         """The heartbeat stream; see heartbeat.py."""
         await self._heartbeats.serve(context)
@@ -125,6 +187,11 @@ def method_handlers(servicer: LeaseServicer) -> grpc.GenericRpcHandler:
         ),
         "GetLease": unary_handler("GetLease", pb.GetLeaseRequest, pb.GetLeaseResponse),
         "ListLeases": unary_handler("ListLeases", pb.ListLeasesRequest, pb.ListLeasesResponse),
+        "BeginEffect": unary_handler("BeginEffect", pb.BeginEffectRequest, pb.BeginEffectResponse),
+        "CompleteEffect": unary_handler(
+            "CompleteEffect", pb.CompleteEffectRequest, pb.CompleteEffectResponse
+        ),
+        "ListEffects": unary_handler("ListEffects", pb.ListEffectsRequest, pb.ListEffectsResponse),
         "Heartbeat": grpc.stream_stream_rpc_method_handler(
             servicer.Heartbeat,
             request_deserializer=parse_or_malformed(pb.HeartbeatRequest),
@@ -133,5 +200,11 @@ def method_handlers(servicer: LeaseServicer) -> grpc.GenericRpcHandler:
     }
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
+
+_BEGIN_EVENT = {
+    BeginDecision.PROCEED: EffectEvent.PROCEED,
+    BeginDecision.ALREADY_APPLIED: EffectEvent.ALREADY_APPLIED,
+    BeginDecision.IN_DOUBT: EffectEvent.IN_DOUBT,
+}
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LeaseService"].full_name

@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     max_id_bytes: int = Field(
         default=256, ge=1, le=1024, description="Longest namespace, task_id or owner_id (UTF-8)."
     )
+    max_effect_result_bytes: int = Field(
+        default=65536,
+        ge=0,
+        le=1 << 20,
+        description="Largest result CompleteEffect may record (bytes).",
+    )
     pool_min_size: int = Field(default=2, ge=1, description="Database connections kept open.")
     pool_max_size: int = Field(default=20, ge=1, description="Most database connections.")
     statement_timeout_s: float = Field(

@@ -24,6 +24,7 @@ _CODES: tuple[tuple[type[errors.LeaseServiceError], grpc.StatusCode], ...] = (
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.LeaseLost, grpc.StatusCode.ABORTED),
     (errors.TaskCompleted, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.EffectConflict, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.TaskNotFound, grpc.StatusCode.NOT_FOUND),
     (errors.ServiceUnavailable, grpc.StatusCode.UNAVAILABLE),
 )

@@ -1,4 +1,4 @@
-"""The only module that talks to PostgreSQL.
+"""The module that talks to PostgreSQL (with ``ledger.py``, which borrows its transactions).
 
 Each method runs one named statement from ``sql/queries.sql`` (and, to
 classify a statement that changed no row, at most one read). Every decision
@@ -72,7 +72,8 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
         await conn.execute("ROLLBACK")
 
 
-def _task(row: asyncpg.Record) -> Task:
+def task_from_row(row: asyncpg.Record) -> Task:
+    """A task row (with ``db_now``) as a Task."""
     return Task(
         namespace=row["namespace"],
         task_id=row["task_id"],
@@ -136,9 +137,29 @@ class Store:
                     conn.terminate()
                     raise
 
+    @property
+    def sql(self) -> dict[str, str]:
+        """The named statements of ``sql/queries.sql``."""
+        return self._sql
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection inside one transaction (READ COMMITTED).
+
+        The transaction commits when the block exits normally and rolls back
+        when it raises; driver errors leave as DatabaseUnavailable.
+        """
+        async with self._connection() as conn, conn.transaction():
+            yield conn
+
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
         async with self._connection() as conn:
             return await conn.fetchrow(self._sql[name], *args)
+
+    async def fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+        """Runs a named read statement and returns its rows."""
+        async with self._connection() as conn:
+            return list(await conn.fetch(self._sql[name], *args))
 
     async def ping(self) -> None:
         """Checks the database answers.
@@ -151,7 +172,7 @@ class Store:
     async def get_task(self, key: TaskKey) -> Task | None:
         """The task's current row with the database clock, or None if never claimed."""
         row = await self._fetchrow("get_task", key.namespace, key.task_id)
-        return _task(row) if row is not None else None
+        return task_from_row(row) if row is not None else None
 
     async def claim(
         self, key: TaskKey, owner_id: str, ttl: timedelta, max_runtime: timedelta
@@ -182,7 +203,7 @@ class Store:
                 "claim", key.namespace, key.task_id, owner_id, ttl, max_runtime
             )
             if row is not None:
-                return ClaimOutcome(True, _task(row))
+                return ClaimOutcome(True, task_from_row(row))
             task = await self.get_task(key)
             if task is None:
                 continue
@@ -206,7 +227,7 @@ class Store:
             "renew", ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, ttl
         )
         if row is not None:
-            return _task(row)
+            return task_from_row(row)
         raise await self._loss(ref)
 
     async def release(self, ref: LeaseRef, complete: bool) -> Task:
@@ -224,7 +245,7 @@ class Store:
             "release", ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, complete
         )
         if row is not None:
-            return _task(row)
+            return task_from_row(row)
         task = await self.get_task(ref.key)
         reason = owner_loss(task, ref.owner_id, ref.fence)
         if task is not None and reason in (LossReason.LEASE_RELEASED, LossReason.TASK_COMPLETED):
@@ -242,15 +263,10 @@ class Store:
         self, namespace: str, after_task_id: str, limit: int, state: TaskState | None
     ) -> list[Task]:
         """Up to ``limit`` tasks of a namespace after ``after_task_id``, by task_id."""
-        async with self._connection() as conn:
-            rows = await conn.fetch(
-                self._sql["list_tasks"],
-                namespace,
-                after_task_id,
-                limit,
-                state.value if state else None,
-            )
-        return [_task(r) for r in rows]
+        rows = await self.fetch(
+            "list_tasks", namespace, after_task_id, limit, state.value if state else None
+        )
+        return [task_from_row(r) for r in rows]
 
 
 def _lost(task: Task | None, reason: LossReason) -> LeaseLost:

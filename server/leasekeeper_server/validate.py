@@ -15,12 +15,14 @@ import binascii
 import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 
+from .effects import BeginRequest, EffectKey, EffectPolicy, EffectState, Outcome
 from .errors import InvalidArgument
 from .model import TaskKey, TaskState
 from .settings import Settings
@@ -28,6 +30,7 @@ from .settings import Settings
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 _MAX_DURATION_SECONDS = 315_576_000_000  # google.protobuf.Duration's own bound
+MAX_DIGEST_BYTES = 64  # room for SHA-512; SHA-256 is 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,3 +164,58 @@ def page_token(value: str, settings: Settings) -> str:
         return identifier("page_token", decoded, settings.max_id_bytes)
     except (binascii.Error, UnicodeError, ValueError):
         raise InvalidArgument("page_token", "is not a token this server issued") from None
+
+
+def _enum_name(field: str, enum_type: Any, value: int, prefix: str) -> str | None:
+    """The name of a proto enum value without its prefix; None for UNSPECIFIED."""
+    if value == 0:
+        return None
+    try:
+        return str(enum_type.Name(value)).removeprefix(prefix)
+    except ValueError:
+        raise InvalidArgument(field, f"unknown {enum_type.DESCRIPTOR.name} value {value}") from None
+
+
+def effect_key(req: Message, settings: Settings) -> EffectKey:
+    """Checks ``namespace``, ``task_id`` and ``effect_key`` (the same rules as ids)."""
+    task = task_key(req, settings)
+    key = identifier("effect_key", req.effect_key, settings.max_id_bytes)  # type: ignore[attr-defined]
+    return EffectKey(task.namespace, task.task_id, key)
+
+
+def begin_request(req: pb.BeginEffectRequest, settings: Settings) -> BeginRequest:
+    """Checks a BeginEffect request: ids, fence >= 1, a policy, a digest of at most 64 bytes."""
+    key = effect_key(req, settings)
+    checked_fence = fence("fence", req.fence)
+    policy = _enum_name("policy", pb.EffectPolicy, req.policy, "EFFECT_POLICY_")
+    if policy is None:
+        raise InvalidArgument("policy", "must be ONCE or LATEST: the caller chooses explicitly")
+    if len(req.request_digest) > MAX_DIGEST_BYTES:
+        raise InvalidArgument(
+            "request_digest",
+            f"is {len(req.request_digest)} bytes long; at most {MAX_DIGEST_BYTES} bytes allowed",
+        )
+    return BeginRequest(key, checked_fence, EffectPolicy(policy.lower()), req.request_digest)
+
+
+def outcome(req: pb.CompleteEffectRequest, settings: Settings) -> Outcome:
+    """Checks CompleteEffect's outcome: SUCCEEDED, or FAILED (retryable or not), and its result."""
+    name = _enum_name("outcome", pb.EffectState, req.outcome, "EFFECT_STATE_")
+    if name not in ("SUCCEEDED", "FAILED"):
+        raise InvalidArgument("outcome", "must be SUCCEEDED or FAILED")
+    state = EffectState(name.lower())
+    if req.retryable and state is EffectState.SUCCEEDED:
+        raise InvalidArgument("retryable", "must be false when the outcome is SUCCEEDED")
+    if len(req.result) > settings.max_effect_result_bytes:
+        raise InvalidArgument(
+            "result",
+            f"is {len(req.result)} bytes long; "
+            f"at most {settings.max_effect_result_bytes} bytes allowed",
+        )
+    return Outcome(state, req.retryable, req.result)
+
+
+def effect_state_filter(value: int) -> EffectState | None:
+    """The ListEffects state filter; unknown enum values are refused."""
+    name = _enum_name("state", pb.EffectState, value, "EFFECT_STATE_")
+    return EffectState(name.lower()) if name is not None else None

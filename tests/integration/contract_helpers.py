@@ -141,9 +141,12 @@ async def row(db: asyncpg.Connection, namespace: str, task_id: str) -> asyncpg.R
 
 
 async def snapshot(db: asyncpg.Connection) -> list[tuple[Any, ...]]:
-    """Every row of the task table, in a stable order."""
-    rows = await db.fetch("SELECT * FROM leasekeeper_tasks ORDER BY namespace, task_id")
-    return [tuple(r) for r in rows]
+    """Every row of the task table and of the effect ledger, in a stable order."""
+    tasks = await db.fetch("SELECT * FROM leasekeeper_tasks ORDER BY namespace, task_id")
+    effects = await db.fetch(
+        "SELECT * FROM leasekeeper_effects ORDER BY namespace, task_id, effect_key"
+    )
+    return [tuple(r) for r in tasks] + [tuple(r) for r in effects]
 
 
 # Ways an owner ("a" unless said) with a fence can have lost its lease, for the

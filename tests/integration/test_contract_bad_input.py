@@ -68,6 +68,43 @@ def _list(**kw: Any) -> Callable[[str], pb.ListLeasesRequest]:
     return build
 
 
+def _begin(**kw: Any) -> Callable[[str], pb.BeginEffectRequest]:
+    def build(ns: str) -> pb.BeginEffectRequest:
+        fields = {
+            "namespace": ns,
+            "task_id": "t",
+            "fence": 1,
+            "effect_key": "k",
+            "policy": pb.EFFECT_POLICY_ONCE,
+            **kw,
+        }
+        return pb.BeginEffectRequest(**fields)
+
+    return build
+
+
+def _complete(**kw: Any) -> Callable[[str], pb.CompleteEffectRequest]:
+    def build(ns: str) -> pb.CompleteEffectRequest:
+        fields = {
+            "namespace": ns,
+            "task_id": "t",
+            "fence": 1,
+            "effect_key": "k",
+            "outcome": pb.EFFECT_STATE_SUCCEEDED,
+            **kw,
+        }
+        return pb.CompleteEffectRequest(**fields)
+
+    return build
+
+
+def _list_effects(**kw: Any) -> Callable[[str], pb.ListEffectsRequest]:
+    def build(ns: str) -> pb.ListEffectsRequest:
+        return pb.ListEffectsRequest(**{"namespace": ns, "task_id": "t", **kw})
+
+    return build
+
+
 def _raw(data: bytes) -> Callable[[str], bytes]:
     return lambda ns: data
 
@@ -142,6 +179,26 @@ CASES = [
     ("ListLeases", _list(page_token="abc"), "page_token", "list-token-bad-padding"),
     ("ListLeases", _list(page_token=_b64(b"\xff\xfe")), "page_token", "list-token-not-utf8"),
     ("ListLeases", _list(page_token=_b64(b"a\x00")), "page_token", "list-token-nul"),
+    # the effect ledger
+    ("BeginEffect", _begin(effect_key=""), "effect_key", "begin-empty-effect-key"),
+    ("BeginEffect", _begin(effect_key=LONG_ID), "effect_key", "begin-257-byte-effect-key"),
+    ("BeginEffect", _begin(effect_key="k\x00"), "effect_key", "begin-nul-effect-key"),
+    ("BeginEffect", _begin(task_id=""), "task_id", "begin-empty-task-id"),
+    ("BeginEffect", _begin(fence=0), "fence", "begin-fence-zero"),
+    ("BeginEffect", _begin(policy=0), "policy", "begin-policy-unspecified"),
+    ("BeginEffect", _begin(policy=7), "policy", "begin-policy-unknown"),
+    ("BeginEffect", _begin(request_digest=b"x" * 65), "request_digest", "begin-digest-65-bytes"),
+    ("CompleteEffect", _complete(effect_key=""), "effect_key", "complete-empty-effect-key"),
+    ("CompleteEffect", _complete(fence=-1), "fence", "complete-fence-negative"),
+    ("CompleteEffect", _complete(outcome=0), "outcome", "complete-outcome-unspecified"),
+    ("CompleteEffect", _complete(outcome=1), "outcome", "complete-outcome-reserved"),
+    ("CompleteEffect", _complete(outcome=9), "outcome", "complete-outcome-unknown"),
+    ("CompleteEffect", _complete(retryable=True), "retryable", "complete-succeeded-retryable"),
+    ("CompleteEffect", _complete(result=b"r" * 65537), "result", "complete-result-over-64k"),
+    ("ListEffects", _list_effects(task_id=""), "task_id", "list-effects-empty-task-id"),
+    ("ListEffects", _list_effects(state=42), "state", "list-effects-unknown-state"),
+    ("ListEffects", _list_effects(page_size=1001), "page_size", "list-effects-page-size-1001"),
+    ("ListEffects", _list_effects(page_token="%%"), "page_token", "list-effects-token-garbage"),
     # a body that is not a valid message
     ("Claim", _raw(b"\xff\xff"), "request", "claim-garbage-body"),
     ("Claim", _raw(b"\x0a\x02\xff\xfe\x12\x01t\x1a\x01a"), "request", "claim-invalid-utf8"),
@@ -150,6 +207,9 @@ CASES = [
     ("ValidateFence", _raw(b"\x18"), "request", "validate-truncated-varint"),
     ("GetLease", _raw(b"\x0a\x01\xc0"), "request", "get-invalid-utf8"),
     ("ListLeases", _raw(b"\x22\x01\xff"), "request", "list-invalid-utf8-token"),
+    ("BeginEffect", _raw(b"\x22\x01\xff"), "request", "begin-invalid-utf8-effect-key"),
+    ("CompleteEffect", _raw(b"\x3a\x05ab"), "request", "complete-truncated-result"),
+    ("ListEffects", _raw(b"\xff"), "request", "list-effects-garbage-body"),
 ]
 
 
@@ -160,6 +220,7 @@ async def test_request_bad_input_invalid_argument_names_field_changes_nothing(
     stub, channel, namespace, db, method, build, field
 ):
     await grant(stub, namespace, "t", "a")
+    await stub.BeginEffect(_begin()(namespace))  # a reservation CompleteEffect could complete
     before = await snapshot(db)
     request = build(namespace)
 

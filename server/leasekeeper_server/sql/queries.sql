@@ -106,5 +106,67 @@ WHERE $4::text IS NULL
 ORDER BY task_id
 LIMIT $3::int;
 
+-- The effect ledger. Each RPC is one short transaction that starts with
+-- lock_lease, so the fence check and the ledger write commit together while
+-- no claim can change the task (see migrations/0002_effects.sql).
+
+-- name: lock_lease
+-- Takes a share lock on the task's row, then reads the row and the clock.
+-- Claims, renewals and releases update the row, so they wait until the
+-- transaction ends. The lock is taken inside the MATERIALIZED CTE; the clock
+-- is read by the outer query only after the CTE has returned the locked row
+-- (in its newest version, if a committed update was waited for).
+WITH t AS MATERIALIZED (
+    SELECT namespace, task_id, owner_id, fence, state, expire_time,
+           runtime_deadline, claim_time, end_reason
+    FROM leasekeeper_tasks
+    WHERE namespace = $1::text AND task_id = $2::text
+    FOR SHARE
+)
+SELECT t.*, clock_timestamp() AS db_now FROM t;
+
+-- name: insert_effect
+-- The first reservation of an effect; no row when the key already has one
+-- (after waiting for a concurrent first reservation to commit).
+INSERT INTO leasekeeper_effects
+    (namespace, task_id, effect_key, policy, request_digest, state, fence,
+     attempts, begin_time)
+VALUES ($1::text, $2::text, $3::text, $4::text, $5::bytea, 'reserved', $6::bigint,
+        1, clock_timestamp())
+ON CONFLICT (namespace, task_id, effect_key) DO NOTHING
+RETURNING *;
+
+-- name: lock_effect
+-- The effect's record, locked until the transaction ends.
+SELECT * FROM leasekeeper_effects
+WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
+FOR UPDATE;
+
+-- name: reserve_effect
+-- A new attempt over a locked record: for fence $5 with digest $4.
+UPDATE leasekeeper_effects
+SET state = 'reserved', fence = $5::bigint, request_digest = $4::bytea,
+    attempts = attempts + 1, begin_time = clock_timestamp(),
+    complete_fence = NULL, complete_time = NULL, retryable = false, result = ''::bytea
+WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
+RETURNING *;
+
+-- name: complete_effect
+-- Records the outcome $5 ('succeeded' or 'failed') over a locked record, by fence $4.
+UPDATE leasekeeper_effects
+SET state = $5::text, retryable = $6::boolean, result = $7::bytea,
+    complete_fence = $4::bigint, complete_time = clock_timestamp()
+WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
+RETURNING *;
+
+-- name: list_effects
+-- One page of a task's effects after effect_key $3 (keyset), optionally only
+-- those in state $5.
+SELECT * FROM leasekeeper_effects
+WHERE namespace = $1::text AND task_id = $2::text AND effect_key > $3::text
+  AND ($5::text IS NULL OR state = $5::text)
+ORDER BY effect_key
+LIMIT $4::int;
+
 -- name: ping
 SELECT 1;

@@ -1,0 +1,68 @@
+"""The service's metrics (prometheus-client), on a registry of the server's own.
+
+Each :class:`~leasekeeper_server.app.LeaseServer` owns one registry, so that
+several servers in one process (the tests run many) never share a counter;
+the operations work exports it over HTTP.
+
+Effects (``leasekeeper_effects_total{event}``), one count per call outcome:
+
+========================  ====================================================
+event                     counted when
+========================  ====================================================
+begun                     BeginEffect passed validation and reached the ledger
+proceed                   BeginEffect reserved an attempt
+already_applied           BeginEffect found a confirmed outcome
+in_doubt                  BeginEffect found an unconfirmed attempt (reconcile)
+applied                   CompleteEffect recorded SUCCEEDED
+failed                    CompleteEffect recorded FAILED
+refused                   BeginEffect or CompleteEffect refused: a stale fence
+                          (ABORTED) or a ledger conflict (FAILED_PRECONDITION)
+========================  ====================================================
+"""
+
+from __future__ import annotations
+
+import enum
+
+from prometheus_client import CollectorRegistry, Counter
+
+
+class EffectEvent(enum.StrEnum):
+    """What happened to an effect call; the ``event`` label."""
+
+    BEGUN = "begun"
+    PROCEED = "proceed"
+    ALREADY_APPLIED = "already_applied"
+    IN_DOUBT = "in_doubt"
+    APPLIED = "applied"
+    FAILED = "failed"
+    REFUSED = "refused"
+
+
+class Metrics:
+    """The counters of one server.
+
+    Args:
+        registry: Where the metrics are registered; None for a new one.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._effects = Counter(
+            "leasekeeper_effects",
+            "Effect ledger calls by outcome (see leasekeeper_server.metrics).",
+            ["event"],
+            registry=self.registry,
+        )
+        for event in EffectEvent:  # every series exists from the start, at 0
+            self._effects.labels(event.value)
+
+    def effect(self, event: EffectEvent) -> None:
+        """Counts one effect event."""
+        self._effects.labels(event.value).inc()
+
+    def effects_count(self, event: EffectEvent | str) -> float:
+        """The current count of one effect event."""
+        labels = {"event": EffectEvent(event).value}
+        value = self.registry.get_sample_value("leasekeeper_effects_total", labels)
+        return value or 0.0
