@@ -8,16 +8,25 @@ checked twice:
    lease service (ValidateFence, database clock) just before the handler runs
    and answers ABORTED to a stale or missing fence;
 2. by the gateway's own ledger, in the same SQLite transaction as the send:
-   a conditional upsert of the highest fence accepted per (namespace, task_id)
-   that refuses a lower fence. This closes the window the first check leaves
-   (the lease can be lost between ValidateFence and the insert), and keeps
-   refusing an old fence even if the lease service is wrong or bypassed.
+   :mod:`leasekeeper.fence_table` keeps the highest fence accepted per
+   (namespace, task_id) and refuses a lower fence. This closes the window the
+   first check leaves (the lease can be lost between ValidateFence and the
+   insert), and keeps refusing an old fence even if the lease service is
+   wrong or bypassed.
 
-Sends carry an ``effect_key`` (idempotency key): a second send of the same
-effect for the same task records nothing and answers ``duplicate`` with the
-first send's id, whatever its fence (a send is irreversible).
+Sends carry an ``effect_key`` (idempotency key). Like a real outside system
+(an email vendor), the gateway does not deduplicate them: every accepted send
+is a new send, so that only the worker's effect ledger can prevent a second
+one. With ``--dedupe`` a second send of the same effect for the same task
+records nothing and answers ``duplicate`` with the first send's id, whatever
+its fence.
 
-Every accepted send and every refusal prints one line on stdout.
+``/demo.v1.Gateway/Lookup`` (body ``{"effect_key": ...}``, the lease in the
+metadata) answers whether the task's send with that key happened: the
+reconciliation question of a worker whose effect is IN_DOUBT. It only reads,
+and is not fence-checked: a replacement worker asks about an older attempt.
+
+Every accepted send, refusal and lookup prints one line on stdout.
 
 Usage::
 
@@ -35,7 +44,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import any_pb2
@@ -50,18 +59,19 @@ from leasekeeper import (
     MissingFence,
     fence_from_metadata,
 )
+from leasekeeper.fence_table import (
+    FENCE_BELOW_ACCEPTED,
+    FenceRefused,
+    accept_fence_sqlite,
+    ensure_schema_sqlite,
+)
 
 SEND_METHOD = "/demo.v1.Gateway/Send"
+LOOKUP_METHOD = "/demo.v1.Gateway/Lookup"
 ERROR_DOMAIN = "demo.gateway"
-FENCE_BELOW_ACCEPTED = "FENCE_BELOW_ACCEPTED"
 
+# No UNIQUE on effect_key: without --dedupe a repeated effect is a second send.
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS accepted_fences (
-    namespace TEXT NOT NULL,
-    task_id   TEXT NOT NULL,
-    fence     INTEGER NOT NULL CHECK (fence >= 1),
-    PRIMARY KEY (namespace, task_id)
-);
 CREATE TABLE IF NOT EXISTS sends (
     send_id    INTEGER PRIMARY KEY,
     namespace  TEXT NOT NULL,
@@ -69,22 +79,14 @@ CREATE TABLE IF NOT EXISTS sends (
     fence      INTEGER NOT NULL,
     effect_key TEXT NOT NULL,
     message    TEXT NOT NULL,
-    sent_at    TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
-    UNIQUE (namespace, task_id, effect_key)
+    sent_at    TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 );
+CREATE INDEX IF NOT EXISTS sends_by_effect ON sends (namespace, task_id, effect_key);
 """
 
-# Raises the task's highest accepted fence, or changes no row when the fence is
-# lower: one statement, so two sends can never both pass a read-then-write check.
-RAISE_FENCE = """
-INSERT INTO accepted_fences (namespace, task_id, fence) VALUES (?, ?, ?)
-ON CONFLICT (namespace, task_id) DO UPDATE SET fence = excluded.fence
-WHERE excluded.fence >= accepted_fences.fence
-RETURNING fence
-"""
-HIGHEST_FENCE = "SELECT fence FROM accepted_fences WHERE namespace = ? AND task_id = ?"
-FIND_SEND = """
-SELECT send_id, fence FROM sends WHERE namespace = ? AND task_id = ? AND effect_key = ?
+FIND_SENDS = """
+SELECT send_id, fence, message FROM sends WHERE namespace = ? AND task_id = ? AND effect_key = ?
+ORDER BY send_id
 """
 INSERT_SEND = """
 INSERT INTO sends (namespace, task_id, fence, effect_key, message) VALUES (?, ?, ?, ?, ?)
@@ -101,11 +103,12 @@ class SendOutcome:
     """What the ledger did with one send.
 
     Attributes:
-        status: ``"accepted"`` (recorded now), ``"duplicate"`` (the effect was
-            already recorded; nothing new) or ``"refused"`` (fence too low).
+        status: ``"accepted"`` (recorded now), ``"duplicate"`` (with dedupe: the
+            effect was already recorded; nothing new) or ``"refused"`` (fence too low).
         send_id: The recorded send (the earlier one for a duplicate); None when refused.
         fence: The fence presented.
-        highest_fence: The highest fence accepted for the task after the decision.
+        highest_fence: The highest fence accepted for the task after the decision
+            (for a duplicate: the earlier send's fence).
     """
 
     status: str
@@ -114,19 +117,42 @@ class SendOutcome:
     highest_fence: int
 
 
+@dataclass(frozen=True)
+class LookupOutcome:
+    """The task's sends with one effect key, as the outside system knows them.
+
+    Attributes:
+        found: True when at least one send with the key was recorded.
+        send_id: The first such send; None when not found.
+        fence: Its fence; None when not found.
+        message: Its message; None when not found.
+        count: How many sends with the key were recorded (more than one only
+            without dedupe: the effect happened more than once).
+    """
+
+    found: bool
+    send_id: int | None
+    fence: int | None
+    message: str | None
+    count: int
+
+
 class Ledger:
-    """The gateway's own table of sends and of the highest fence accepted per task.
+    """The gateway's own table of sends, and leasekeeper's table of accepted fences.
 
     SQLite, one file, one connection used from the event loop's thread only:
     each call is a short local transaction, so it runs inline.
 
     Args:
         path: The database file (created if absent).
+        dedupe: Record at most one send per ``(namespace, task_id, effect_key)``.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, dedupe: bool = False) -> None:
         self._db = sqlite3.connect(path, isolation_level=None)  # explicit BEGIN/COMMIT
         self._db.executescript(SCHEMA)
+        ensure_schema_sqlite(self._db)
+        self.dedupe = dedupe
 
     def close(self) -> None:
         """Close the database file."""
@@ -135,8 +161,10 @@ class Ledger:
     def record_send(self, ref: FenceRef, effect_key: str, message: str) -> SendOutcome:
         """Record one send under ``ref`` unless a higher fence was accepted for its task.
 
-        Atomic (one SQLite write transaction) and idempotent per
-        ``(namespace, task_id, effect_key)``.
+        Atomic: the fence is accepted (:func:`~leasekeeper.fence_table.accept_fence_sqlite`)
+        and the send recorded in one SQLite write transaction; a refusal or a
+        duplicate rolls it back and changes nothing. Idempotent per
+        ``(namespace, task_id, effect_key)`` only with dedupe.
 
         Args:
             ref: The lease the send is made under.
@@ -144,21 +172,22 @@ class Ledger:
             message: The message to send.
 
         Returns:
-            The outcome; a refusal changes nothing.
+            The outcome.
 
         """
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            raised = db.execute(RAISE_FENCE, (ref.namespace, ref.task_id, ref.fence)).fetchone()
-            if raised is None:
-                (highest,) = db.execute(HIGHEST_FENCE, (ref.namespace, ref.task_id)).fetchone()
+            try:
+                accept_fence_sqlite(db, ref)
+            except FenceRefused as refused:
                 db.execute("ROLLBACK")
-                return SendOutcome("refused", None, ref.fence, highest)
-            earlier = db.execute(FIND_SEND, (ref.namespace, ref.task_id, effect_key)).fetchone()
-            if earlier is not None:
-                db.execute("ROLLBACK")
-                return SendOutcome("duplicate", earlier[0], ref.fence, earlier[1])
+                return SendOutcome("refused", None, ref.fence, refused.highest_fence)
+            if self.dedupe:
+                found = db.execute(FIND_SENDS, (ref.namespace, ref.task_id, effect_key)).fetchone()
+                if found is not None:
+                    db.execute("ROLLBACK")
+                    return SendOutcome("duplicate", found[0], ref.fence, found[1])
             (send_id,) = db.execute(
                 INSERT_SEND, (ref.namespace, ref.task_id, ref.fence, effect_key, message)
             ).fetchone()
@@ -168,6 +197,24 @@ class Ledger:
                 db.execute("ROLLBACK")
             raise
         return SendOutcome("accepted", send_id, ref.fence, ref.fence)
+
+    def lookup(self, namespace: str, task_id: str, effect_key: str) -> LookupOutcome:
+        """The task's sends with ``effect_key``: did the effect happen? Read-only.
+
+        Args:
+            namespace: The task's namespace.
+            task_id: The task.
+            effect_key: The send's idempotency key.
+
+        Returns:
+            The first such send and how many there are.
+
+        """
+        rows = self._db.execute(FIND_SENDS, (namespace, task_id, effect_key)).fetchall()
+        if not rows:
+            return LookupOutcome(False, None, None, None, 0)
+        send_id, fence, message = rows[0]
+        return LookupOutcome(True, send_id, fence, message, len(rows))
 
 
 def read_sends(path: Path) -> list[dict[str, Any]]:
@@ -181,29 +228,33 @@ def _say(text: str) -> None:
     print(f"gateway: {text}", flush=True)
 
 
-def _abort_status(code: grpc.StatusCode, message: str, reason: str, **meta: str) -> grpc.Status:
+async def _abort(
+    context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, reason: str, **meta: str
+) -> NoReturn:
     info = error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=meta)
     detail = any_pb2.Any()
     detail.Pack(info)
     status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[detail])
-    return rpc_status.to_status(status)
+    await context.abort_with_status(rpc_status.to_status(status))
+    raise AssertionError("abort_with_status returned")  # it raises; this tells type checkers
 
 
-class SendHandler:
-    """The ``Send`` method: read the fence, record the send in the ledger."""
+class GatewayHandlers:
+    """The gateway's methods: ``Send`` records a send, ``Lookup`` reads them."""
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
 
+    async def _lease_of(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode) -> FenceRef:
+        try:
+            return fence_from_metadata(context.invocation_metadata())
+        except MissingFence as error:
+            _say(f"REFUSED call without a valid fence by ledger: {error}")
+            await _abort(context, code, str(error), "FENCE_MISSING", key=error.key)
+
     async def send(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Record one send; ABORTED when the ledger refuses its fence."""
-        try:
-            ref = fence_from_metadata(context.invocation_metadata())
-        except MissingFence as error:
-            _say(f"REFUSED send without a valid fence by ledger: {error}")
-            await context.abort_with_status(
-                _abort_status(grpc.StatusCode.ABORTED, str(error), "FENCE_MISSING", key=error.key)
-            )
+        ref = await self._lease_of(context, grpc.StatusCode.ABORTED)
         body = json.loads(request or b"{}")
         message, effect_key = str(body.get("message", "")), str(body.get("effect_key", "send"))
         outcome = self._ledger.record_send(ref, effect_key, message)
@@ -211,18 +262,36 @@ class SendHandler:
         if outcome.status == "refused":
             text = f"fence {ref.fence} is lower than fence {outcome.highest_fence} already accepted"
             _say(f"REFUSED {where} by ledger: {text}")
-            await context.abort_with_status(
-                _abort_status(
-                    grpc.StatusCode.ABORTED,
-                    text,
-                    FENCE_BELOW_ACCEPTED,
-                    highest_fence=str(outcome.highest_fence),
-                )
+            await _abort(
+                context,
+                grpc.StatusCode.ABORTED,
+                text,
+                FENCE_BELOW_ACCEPTED,
+                highest_fence=str(outcome.highest_fence),
             )
         verb = "ACCEPTED" if outcome.status == "accepted" else "DUPLICATE (nothing sent)"
         _say(f"{verb} {where} send_id={outcome.send_id} effect_key={effect_key!r} {message!r}")
         return json.dumps(
             {"status": outcome.status, "send_id": outcome.send_id, "fence": ref.fence}
+        ).encode()
+
+    async def lookup(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Answer whether the caller's task sent ``effect_key``; its fence is not checked."""
+        ref = await self._lease_of(context, grpc.StatusCode.INVALID_ARGUMENT)
+        effect_key = str(json.loads(request or b"{}").get("effect_key", "send"))
+        found = self._ledger.lookup(ref.namespace, ref.task_id, effect_key)
+        _say(
+            f"LOOKUP {ref.namespace}/{ref.task_id} effect_key={effect_key!r} "
+            f"found={found.found} send_id={found.send_id} fence={found.fence} count={found.count}"
+        )
+        return json.dumps(
+            {
+                "found": found.found,
+                "send_id": found.send_id,
+                "fence": found.fence,
+                "message": found.message,
+                "count": found.count,
+            }
         ).encode()
 
 
@@ -287,8 +356,9 @@ def build_server(
 
     Args:
         ledger: Where sends and accepted fences are recorded.
-        leases: A client of the lease service for the FenceInterceptor; None
-            to rely on the ledger alone (to show that it refuses on its own).
+        leases: A client of the lease service for the FenceInterceptor (on
+            Send only); None to rely on the ledger alone (to show that it
+            refuses on its own).
         listen: ``host:port``; port 0 picks a free one.
 
     Returns:
@@ -300,8 +370,12 @@ def build_server(
         fence_check = FenceInterceptor(FenceChecker(leases), methods={SEND_METHOD})
         interceptors.append(LoggedFenceInterceptor(fence_check))
     server = grpc.aio.server(interceptors=interceptors)
-    send = grpc.unary_unary_rpc_method_handler(SendHandler(ledger).send)  # bytes in, bytes out
-    service = grpc.method_handlers_generic_handler("demo.v1.Gateway", {"Send": send})
+    handlers = GatewayHandlers(ledger)
+    methods = {  # bytes in, bytes out
+        "Send": grpc.unary_unary_rpc_method_handler(handlers.send),
+        "Lookup": grpc.unary_unary_rpc_method_handler(handlers.lookup),
+    }
+    service = grpc.method_handlers_generic_handler("demo.v1.Gateway", methods)
     server.add_generic_rpc_handlers((service,))
     port = server.add_insecure_port(listen)
     return server, port
@@ -309,7 +383,7 @@ def build_server(
 
 async def serve(args: argparse.Namespace) -> None:
     """Serve until SIGTERM or SIGINT."""
-    ledger = Ledger(Path(args.db))
+    ledger = Ledger(Path(args.db), dedupe=args.dedupe)
     leases = None if args.ledger_only else LeaseClient(args.leasekeeper)
     server, port = build_server(ledger, leases, args.listen)
     stop = asyncio.Event()
@@ -320,7 +394,8 @@ async def serve(args: argparse.Namespace) -> None:
         await server.start()
         checks = "ledger only" if leases is None else "leasekeeper check + ledger"
         host = args.listen.rsplit(":", 1)[0]
-        _say(f"listening on {host}:{port} (fence checks: {checks}; ledger {args.db})")
+        dedupe = "; dedupe by effect_key" if args.dedupe else ""
+        _say(f"listening on {host}:{port} (fence checks: {checks}; ledger {args.db}{dedupe})")
         await stop.wait()
     finally:
         await server.stop(0.5)
@@ -337,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leasekeeper", default="127.0.0.1:9457", help="lease service address")
     parser.add_argument(
         "--ledger-only", action="store_true", help="skip the leasekeeper check (ledger alone)"
+    )
+    parser.add_argument(
+        "--dedupe", action="store_true", help="record one send per task and effect_key"
     )
     parser.add_argument("--show", action="store_true", help="print the ledger's sends and exit")
     args = parser.parse_args(argv)
