@@ -8,16 +8,34 @@ Workers hold leases on tasks and pass fences to their side effects::
         async with client.hold("invoice-42", ttl=30.0, wait=60.0) as lease:
             await gateway.Send(request, metadata=lease.metadata())
 
-Effect services check those fences (:class:`FenceChecker`, :class:`FenceInterceptor`).
+Effects that must not be repeated go through the effect ledger, checked with
+the lease's fence (``policy`` is required: see :mod:`leasekeeper.effects`)::
+
+        @lease.effect("email:welcome", policy="ONCE")
+        async def send() -> str:
+            return await mailer.send(to, body)  # the vendor's message id
+
+        outcome = await send()  # run again: the recorded result, nothing sent
+
+Effect services check those fences (:class:`FenceChecker`, :class:`FenceInterceptor`),
+or, with a database of their own, refuse lower fences in the effect's own
+transaction (:mod:`leasekeeper.fence_table`).
 Durations are float seconds (or ``timedelta`` on input); instants are UTC
 ``datetime`` on the database clock.
 """
 
 from ._owner import new_owner_id
-from ._types import ClaimResult, FenceCheck, LeaseInfo
+from ._types import BeginResult, ClaimResult, EffectRecord, FenceCheck, LeaseInfo
 from .client import LeaseClient
+from .effects import EffectOutcome, EffectRunner, request_digest
 from .errors import (
     ClaimTimeout,
+    EffectAlreadyCompleted,
+    EffectError,
+    EffectFailed,
+    EffectInDoubt,
+    EffectKeyReused,
+    EffectNotBegun,
     InvalidArgument,
     LeaseError,
     LeaseLost,
@@ -28,6 +46,7 @@ from .errors import (
     TaskCompleted,
     TaskNotFound,
 )
+from .fence_table import FENCE_BELOW_ACCEPTED, FenceRefused
 from .fencing import (
     METADATA_FENCE,
     METADATA_NAMESPACE,
@@ -40,15 +59,27 @@ from .fencing import (
 from .lease import HeldLease, LeaseHold
 
 __all__ = [
+    "FENCE_BELOW_ACCEPTED",
     "METADATA_FENCE",
     "METADATA_NAMESPACE",
     "METADATA_TASK_ID",
+    "BeginResult",
     "ClaimResult",
     "ClaimTimeout",
+    "EffectAlreadyCompleted",
+    "EffectError",
+    "EffectFailed",
+    "EffectInDoubt",
+    "EffectKeyReused",
+    "EffectNotBegun",
+    "EffectOutcome",
+    "EffectRecord",
+    "EffectRunner",
     "FenceCheck",
     "FenceChecker",
     "FenceInterceptor",
     "FenceRef",
+    "FenceRefused",
     "HeldLease",
     "InvalidArgument",
     "LeaseClient",
@@ -64,4 +95,5 @@ __all__ = [
     "TaskNotFound",
     "fence_from_metadata",
     "new_owner_id",
+    "request_digest",
 ]

@@ -19,6 +19,9 @@ Seconds = float | int | timedelta
 """A duration: a number of seconds, or a ``timedelta``."""
 
 TASK_STATES = ("FREE", "HELD", "EXPIRED", "COMPLETED")
+EFFECT_POLICIES = ("ONCE", "LATEST")
+EFFECT_STATES = ("RESERVED", "SUCCEEDED", "FAILED")
+EFFECT_OUTCOMES = ("SUCCEEDED", "FAILED")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,6 +90,61 @@ class FenceCheck:
     reason: str | None
     remaining_ttl: float | None
     expire_time: datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EffectRecord:
+    """One effect of a task as the effect ledger recorded it.
+
+    Attributes:
+        namespace: The task's namespace.
+        task_id: The task.
+        effect_key: The caller's idempotency key for the effect, unique within the task.
+        policy: ``"ONCE"`` or ``"LATEST"``, fixed by the key's first reservation.
+        request_digest: The digest the effect was reserved with (opaque to the server).
+        state: ``"RESERVED"`` (outcome never confirmed: it may or may not have
+            happened), ``"SUCCEEDED"`` or ``"FAILED"``.
+        fence: The fence of the latest reservation.
+        complete_fence: The fence that recorded the outcome; 0 while RESERVED,
+            higher than ``fence`` when a replacement worker reconciled an earlier attempt.
+        retryable: For FAILED: whether a new attempt may be reserved.
+        result: The opaque result recorded with the outcome (e.g. the outside
+            system's message id, or an error description for FAILED).
+        attempts: How many times the effect was reserved (1 for the first attempt).
+        begin_time: When the latest reservation was made (UTC, database clock).
+        complete_time: When the outcome was recorded (UTC, database clock); None while RESERVED.
+    """
+
+    namespace: str
+    task_id: str
+    effect_key: str
+    policy: str
+    request_digest: bytes
+    state: str
+    fence: int
+    complete_fence: int
+    retryable: bool
+    result: bytes
+    attempts: int
+    begin_time: datetime
+    complete_time: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BeginResult:
+    """The answer of BeginEffect.
+
+    Attributes:
+        decision: ``"PROCEED"`` (reserved for the caller's fence: do the effect
+            now, then complete it), ``"ALREADY_APPLIED"`` (a confirmed outcome
+            exists: do not repeat the effect) or ``"IN_DOUBT"`` (an earlier
+            attempt was never confirmed: reconcile with the outside system first).
+        effect: PROCEED: the new reservation. ALREADY_APPLIED: the confirmed
+            outcome. IN_DOUBT: the earlier, unconfirmed attempt.
+    """
+
+    decision: str
+    effect: EffectRecord
 
 
 def seconds(value: Seconds, name: str) -> float:
@@ -198,6 +256,103 @@ def fence_check(message: pb.ValidateFenceResponse) -> FenceCheck:
             from_duration(message.remaining_ttl) if message.HasField("remaining_ttl") else None
         ),
         expire_time=_instant(message, "expire_time"),
+    )
+
+
+def effect_record(message: pb.Effect) -> EffectRecord:
+    """Convert an ``Effect`` proto."""
+    return EffectRecord(
+        namespace=message.namespace,
+        task_id=message.task_id,
+        effect_key=message.effect_key,
+        policy=enum_name(pb.EffectPolicy, message.policy, "EFFECT_POLICY_") or "UNSPECIFIED",
+        request_digest=message.request_digest,
+        state=enum_name(pb.EffectState, message.state, "EFFECT_STATE_") or "UNSPECIFIED",
+        fence=message.fence,
+        complete_fence=message.complete_fence,
+        retryable=message.retryable,
+        result=message.result,
+        attempts=message.attempts,
+        # Always set by the server; an unset one reads as the epoch, never as now.
+        begin_time=message.begin_time.ToDatetime(tzinfo=UTC),
+        complete_time=_instant(message, "complete_time"),
+    )
+
+
+def begin_result(message: pb.BeginEffectResponse) -> BeginResult:
+    """Convert a ``BeginEffectResponse``."""
+    return BeginResult(
+        decision=enum_name(pb.EffectDecision, message.decision, "EFFECT_DECISION_")
+        or "UNSPECIFIED",
+        effect=effect_record(message.effect),
+    )
+
+
+def _enum_value(
+    value: str, *, field: str, names: tuple[str, ...], enum: object, prefix: str, what: str
+) -> int:
+    name = value.upper().removeprefix(prefix) if isinstance(value, str) else None
+    if name not in names:
+        raise InvalidArgument(
+            f"{field} must be one of {', '.join(names)}, got {value!r}",
+            field_violations=[(field, f"unknown {what}")],
+            code=None,
+        )
+    return int(enum.Value(prefix + name))  # type: ignore[attr-defined]
+
+
+def effect_policy(policy: str) -> int:
+    """A policy name (``"ONCE"`` or ``"EFFECT_POLICY_ONCE"``) as the ``EffectPolicy`` value.
+
+    Raises:
+        InvalidArgument: Not ``ONCE`` or ``LATEST`` (raised locally, field ``policy``).
+
+    """
+    return _enum_value(
+        policy,
+        field="policy",
+        names=EFFECT_POLICIES,
+        enum=pb.EffectPolicy,
+        prefix="EFFECT_POLICY_",
+        what="effect policy",
+    )
+
+
+def effect_state(state: str | None) -> int:
+    """A state name (``"RESERVED"`` or ``"EFFECT_STATE_RESERVED"``) as the ``EffectState`` value.
+
+    None is ``EFFECT_STATE_UNSPECIFIED`` (no filter).
+
+    Raises:
+        InvalidArgument: Unknown state name (raised locally, field ``state``).
+
+    """
+    if state is None:
+        return pb.EFFECT_STATE_UNSPECIFIED
+    return _enum_value(
+        state,
+        field="state",
+        names=EFFECT_STATES,
+        enum=pb.EffectState,
+        prefix="EFFECT_STATE_",
+        what="effect state",
+    )
+
+
+def effect_outcome(outcome: str) -> int:
+    """An outcome name (``"SUCCEEDED"`` or ``"FAILED"``) as the ``EffectState`` value.
+
+    Raises:
+        InvalidArgument: Not ``SUCCEEDED`` or ``FAILED`` (raised locally, field ``outcome``).
+
+    """
+    return _enum_value(
+        outcome,
+        field="outcome",
+        names=EFFECT_OUTCOMES,
+        enum=pb.EffectState,
+        prefix="EFFECT_STATE_",
+        what="effect outcome",
     )
 
 

@@ -18,8 +18,8 @@ import grpc
 from . import _types
 from ._owner import OwnerIdentity
 from ._trust import Clock
-from ._types import ClaimResult, FenceCheck, LeaseInfo, Seconds
-from .errors import from_rpc_error
+from ._types import BeginResult, ClaimResult, EffectRecord, FenceCheck, LeaseInfo, Seconds
+from .errors import InvalidArgument, from_rpc_error
 from .lease import LeaseHold
 from .v1 import lease_service_pb2 as pb
 from .v1 import lease_service_pb2_grpc as pb_grpc
@@ -332,6 +332,196 @@ class LeaseClient:
             leases, token = await self.list_leases(state, page_size, token)
             for lease in leases:
                 yield lease
+            if not token:
+                return
+
+    async def begin_effect(
+        self,
+        task_id: str,
+        fence: int,
+        effect_key: str,
+        *,
+        policy: str,
+        request_digest: bytes = b"",
+        namespace: str | None = None,
+    ) -> BeginResult:
+        """Reserve an effect for ``fence`` in the effect ledger.
+
+        One transaction on the database clock: the fence must be the task's
+        current fence and its lease HELD; then ``(task, effect_key)`` is
+        reserved. Of many concurrent calls for one new key, exactly one gets
+        PROCEED. Prefer :meth:`HeldLease.effect <leasekeeper.HeldLease.effect>`,
+        which runs the whole protocol.
+
+        Not idempotent for the caller: if a reply is lost (DEADLINE_EXCEEDED),
+        the retried call answers IN_DOUBT for the reservation it made itself.
+
+        Args:
+            task_id: The task.
+            fence: The caller's fence; >= 1.
+            effect_key: The effect's idempotency key, unique within the task
+                (1-256 bytes UTF-8 by default, no control characters).
+            policy: ``"ONCE"`` for an irreversible effect (send the email,
+                charge the card): the first confirmed outcome stands for ever.
+                ``"LATEST"`` for a replaceable one (write the draft, set the
+                status): a newer fence does it again, and an older fence's
+                completion is refused. Fixed for the key by its first reservation.
+            request_digest: What the effect will do, digested (e.g.
+                :func:`~leasekeeper.request_digest` of the request); at most 64
+                bytes, may be empty.
+            namespace: The task's namespace; None for this client's.
+
+        Returns:
+            ``decision`` PROCEED (do the effect now, then :meth:`complete_effect`),
+            ALREADY_APPLIED (the confirmed outcome: do not repeat) or IN_DOUBT
+            (the earlier, unconfirmed attempt: reconcile first), with the effect.
+
+        Raises:
+            LeaseLost: ABORTED: the fence may not act (LEASE_EXPIRED,
+                LEASE_SUPERSEDED, ...); nothing is reserved.
+            EffectKeyReused: FAILED_PRECONDITION EFFECT_KEY_REUSED: the key was
+                reserved with another policy or request_digest.
+            InvalidArgument: INVALID_ARGUMENT (or locally for an unknown policy).
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.BeginEffectRequest(
+            namespace=self._namespace if namespace is None else namespace,
+            task_id=task_id,
+            fence=fence,
+            effect_key=effect_key,
+            policy=_types.effect_policy(policy),  # type: ignore[arg-type]
+            request_digest=request_digest,
+        )
+        response = await self._call(self.stub.BeginEffect, request, task_id=task_id, fence=fence)
+        return _types.begin_result(response)
+
+    async def complete_effect(
+        self,
+        task_id: str,
+        fence: int,
+        effect_key: str,
+        *,
+        outcome: str,
+        retryable: bool = False,
+        result: bytes = b"",
+        namespace: str | None = None,
+    ) -> EffectRecord:
+        """Record the outcome of a reserved effect.
+
+        One transaction on the database clock: the fence must be the task's
+        current fence, its lease HELD, and at least the reservation's fence (a
+        replacement worker may record the outcome of an earlier attempt it
+        reconciled). Idempotent: the same outcome, retryable flag and result
+        recorded again answer OK.
+
+        Args:
+            task_id: The task.
+            fence: The caller's fence; >= 1.
+            effect_key: The effect's idempotency key.
+            outcome: ``"SUCCEEDED"`` (the effect happened) or ``"FAILED"`` (it
+                did not).
+            retryable: For FAILED: a new attempt may be reserved later. Must be
+                False for SUCCEEDED.
+            result: Opaque bytes kept with the outcome (e.g. the outside
+                system's message id); at most the server's
+                ``max_effect_result_bytes`` (64 KiB by default).
+            namespace: The task's namespace; None for this client's.
+
+        Returns:
+            The effect as recorded.
+
+        Raises:
+            LeaseLost: ABORTED: the fence may not act; a step that outlived its
+                lease cannot complete its effect (it stays RESERVED, in doubt).
+            EffectNotBegun: FAILED_PRECONDITION EFFECT_NOT_BEGUN: no reservation
+                for the key.
+            EffectAlreadyCompleted: FAILED_PRECONDITION EFFECT_ALREADY_COMPLETED:
+                another outcome is recorded.
+            InvalidArgument: INVALID_ARGUMENT (or locally for an unknown outcome,
+                or ``retryable`` with SUCCEEDED).
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        outcome_value = _types.effect_outcome(outcome)
+        if retryable and outcome_value == pb.EFFECT_STATE_SUCCEEDED:
+            raise InvalidArgument(
+                "retryable must be False for outcome SUCCEEDED",
+                field_violations=[("retryable", "only a FAILED outcome is retryable")],
+                code=None,
+            )
+        request = pb.CompleteEffectRequest(
+            namespace=self._namespace if namespace is None else namespace,
+            task_id=task_id,
+            fence=fence,
+            effect_key=effect_key,
+            outcome=outcome_value,  # type: ignore[arg-type]
+            retryable=retryable,
+            result=result,
+        )
+        response = await self._call(self.stub.CompleteEffect, request, task_id=task_id, fence=fence)
+        return _types.effect_record(response.effect)
+
+    async def list_effects(
+        self,
+        task_id: str,
+        state: str | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+        namespace: str | None = None,
+    ) -> tuple[list[EffectRecord], str]:
+        """One page of a task's effects, ordered by effect_key byte for byte. Read-only.
+
+        For reconciliation and for a replacement worker: what was reserved, by
+        which fence, in which state. A task without effects (or never claimed)
+        has none.
+
+        Args:
+            task_id: The task.
+            state: Only effects in this state (``"RESERVED"``, ``"SUCCEEDED"``,
+                ``"FAILED"``); None for all.
+            page_size: At most this many (server maximum 1000).
+            page_token: From the previous page; empty for the first.
+            namespace: The task's namespace; None for this client's.
+
+        Returns:
+            ``(effects, next_page_token)``; the token is empty on the last page.
+
+        Raises:
+            InvalidArgument: INVALID_ARGUMENT (or locally for an unknown state).
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.ListEffectsRequest(
+            namespace=self._namespace if namespace is None else namespace,
+            task_id=task_id,
+            state=_types.effect_state(state),  # type: ignore[arg-type]
+            page_size=page_size,
+            page_token=page_token,
+        )
+        response = await self._call(self.stub.ListEffects, request, task_id=task_id)
+        effects = [_types.effect_record(effect) for effect in response.effects]
+        return effects, response.next_page_token
+
+    async def iter_effects(
+        self,
+        task_id: str,
+        state: str | None = None,
+        page_size: int = 100,
+        namespace: str | None = None,
+    ) -> AsyncIterator[EffectRecord]:
+        """Every effect of a task (optionally in one state), page by page.
+
+        Raises:
+            InvalidArgument: INVALID_ARGUMENT.
+            LeaseUnavailable: UNAVAILABLE, on any page.
+
+        """
+        token = ""
+        while True:
+            effects, token = await self.list_effects(task_id, state, page_size, token, namespace)
+            for effect in effects:
+                yield effect
             if not token:
                 return
 

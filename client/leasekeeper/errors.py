@@ -11,7 +11,15 @@ Hierarchy (every class is a :class:`LeaseError`)::
     ├── InvalidArgument           INVALID_ARGUMENT (also a ValueError); .field_violations
     ├── TaskNotFound              NOT_FOUND TASK_NOT_FOUND (also a LookupError)
     ├── StaleFence                an effect boundary refused a fence; .reason, .current_fence
-    └── MissingFence              fence metadata absent or malformed (also a ValueError)
+    ├── MissingFence              fence metadata absent or malformed (also a ValueError)
+    └── EffectError               the effect ledger refused or could not settle an effect
+        ├── EffectKeyReused       FAILED_PRECONDITION EFFECT_KEY_REUSED: other policy or digest
+        ├── EffectNotBegun        FAILED_PRECONDITION EFFECT_NOT_BEGUN: no reservation to complete
+        ├── EffectAlreadyCompleted  FAILED_PRECONDITION EFFECT_ALREADY_COMPLETED: another outcome
+        ├── EffectInDoubt         an earlier attempt was never confirmed: reconcile; .effect
+        └── EffectFailed          the outside system refused the effect; .retryable, .result
+
+A lost lease during an effect is :class:`LeaseLost` (ABORTED), as for every RPC.
 
 The server puts exactly one ``google.rpc.ErrorInfo`` (domain ``leasekeeper``) in
 the ``grpc-status-details-bin`` trailer of every non-OK status. Errors are chosen
@@ -21,10 +29,13 @@ by status code and that reason, never by message text.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
+
+if TYPE_CHECKING:
+    from ._types import EffectRecord
 
 DOMAIN = "leasekeeper"
 """The ``ErrorInfo.domain`` of every leasekeeper error."""
@@ -223,11 +234,110 @@ class MissingFence(LeaseError, ValueError):
         self.key = key
 
 
+class EffectError(LeaseError):
+    """The effect ledger refused a call, or an effect could not be settled."""
+
+
+class EffectKeyReused(EffectError):
+    """The effect_key was reserved with another policy or request_digest.
+
+    FAILED_PRECONDITION, reason EFFECT_KEY_REUSED: two different effects share
+    one key. Nothing was reserved; choose distinct keys.
+    """
+
+
+class EffectNotBegun(EffectError):
+    """No reservation exists for the effect_key (FAILED_PRECONDITION, EFFECT_NOT_BEGUN)."""
+
+
+class EffectAlreadyCompleted(EffectError):
+    """Another outcome is already recorded for the effect.
+
+    FAILED_PRECONDITION, reason EFFECT_ALREADY_COMPLETED. Recording the same
+    outcome, retryable flag and result again is not an error.
+    """
+
+
+class EffectInDoubt(EffectError):
+    """An earlier attempt of the effect was reserved but never confirmed.
+
+    It may or may not have happened in the outside system. Ask the outside
+    system (by the effect key, or by what ``effect.begin_time`` and
+    ``effect.fence`` tell), then record its answer: pass ``reconcile=`` to
+    ``lease.effect``, or call ``LeaseClient.complete_effect`` yourself
+    (SUCCEEDED with its result, or FAILED with ``retryable=True`` to allow a
+    new attempt). Raised locally, never by the server.
+
+    Attributes:
+        effect: The earlier, unconfirmed attempt: its fence, attempts and begin_time.
+    """
+
+    def __init__(self, effect: EffectRecord) -> None:
+        super().__init__(
+            f"effect {effect.effect_key!r} of {effect.namespace}/{effect.task_id} is in doubt: "
+            f"attempt {effect.attempts} reserved by fence {effect.fence} at "
+            f"{effect.begin_time.isoformat()} was never confirmed; reconcile with the outside "
+            "system before trying again",
+            metadata={
+                "namespace": effect.namespace,
+                "task_id": effect.task_id,
+                "effect_key": effect.effect_key,
+                "fence": str(effect.fence),
+                "attempts": str(effect.attempts),
+            },
+        )
+        self.effect = effect
+
+
+class EffectFailed(EffectError):
+    """The outside system definitively refused the effect: it did not happen.
+
+    Raise it from the function run by ``lease.effect`` to record the effect as
+    FAILED (then it is raised on to the caller). ``lease.effect`` also raises
+    it when the ledger already holds a FAILED outcome that is not retryable.
+    Any other exception from the function records nothing: the effect stays
+    in doubt.
+
+    Attributes:
+        retryable: True when a new attempt may be made later (e.g. the outside
+            system was rate limiting); False when it never may (e.g. the request
+            was rejected as invalid). Not about resending this call.
+        result: Opaque bytes recorded with the outcome, e.g. the refusal's text.
+        effect: The ledger's record of the failed effect, once recorded.
+    """
+
+    def __init__(
+        self,
+        message: str = "the effect was refused",
+        *,
+        retryable: bool = False,
+        result: bytes | str = b"",
+        effect: EffectRecord | None = None,
+    ) -> None:
+        super().__init__(message)
+        self._retryable = retryable
+        self.result = result.encode() if isinstance(result, str) else bytes(result)
+        self.effect = effect
+
+    @property
+    def retryable(self) -> bool:
+        """True when a new attempt of the effect may be made later."""
+        return self._retryable
+
+
 def _int_or_none(text: str | None) -> int | None:
     try:
         return int(text) if text is not None else None
     except ValueError:
         return None
+
+
+_PRECONDITION_ERRORS: dict[str, type[LeaseError]] = {
+    "TASK_COMPLETED": TaskCompleted,
+    "EFFECT_KEY_REUSED": EffectKeyReused,
+    "EFFECT_NOT_BEGUN": EffectNotBegun,
+    "EFFECT_ALREADY_COMPLETED": EffectAlreadyCompleted,
+}
 
 
 def rich_status_of(error: grpc.RpcError) -> status_pb2.Status | None:
@@ -288,17 +398,20 @@ def from_rpc_error(
 ) -> LeaseError:
     """Translate a failed RPC into the matching :class:`LeaseError`.
 
-    ====================  =====================  ==================
-    status code           reason                 error
-    ====================  =====================  ==================
-    ABORTED               FENCE_MISSING          MissingFence
-    ABORTED               any other / none       LeaseLost
-    FAILED_PRECONDITION   TASK_COMPLETED         TaskCompleted
-    INVALID_ARGUMENT      any                    InvalidArgument
-    NOT_FOUND             any                    TaskNotFound
-    UNAVAILABLE           any (or none)          LeaseUnavailable
-    anything else         any                    LeaseError
-    ====================  =====================  ==================
+    ====================  ========================  ======================
+    status code           reason                    error
+    ====================  ========================  ======================
+    ABORTED               FENCE_MISSING             MissingFence
+    ABORTED               any other / none          LeaseLost
+    FAILED_PRECONDITION   TASK_COMPLETED            TaskCompleted
+    FAILED_PRECONDITION   EFFECT_KEY_REUSED         EffectKeyReused
+    FAILED_PRECONDITION   EFFECT_NOT_BEGUN          EffectNotBegun
+    FAILED_PRECONDITION   EFFECT_ALREADY_COMPLETED  EffectAlreadyCompleted
+    INVALID_ARGUMENT      any                       InvalidArgument
+    NOT_FOUND             any                       TaskNotFound
+    UNAVAILABLE           any (or none)             LeaseUnavailable
+    anything else         any                       LeaseError
+    ====================  ========================  ======================
 
     Args:
         error: The ``grpc.aio.AioRpcError`` (or sync ``grpc.RpcError``) raised by the call.
@@ -318,8 +431,9 @@ def from_rpc_error(
         if reason == FENCE_MISSING:
             return MissingFence(metadata.get("key", "leasekeeper-fence"))
         return LeaseLost(reason or "UNKNOWN", task_id, fence, message=message, metadata=metadata)
-    if code is grpc.StatusCode.FAILED_PRECONDITION and reason == "TASK_COMPLETED":
-        return TaskCompleted(message, code=code, reason=reason, metadata=metadata)
+    if code is grpc.StatusCode.FAILED_PRECONDITION and reason in _PRECONDITION_ERRORS:
+        kind = _PRECONDITION_ERRORS[reason]
+        return kind(message, code=code, reason=reason, metadata=metadata)
     if code is grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidArgument(
             message, field_violations=violations, reason=reason, metadata=metadata

@@ -33,6 +33,7 @@ from ._backoff import Backoff
 from ._heartbeat import HeartbeatKeeper
 from ._trust import TrustWindow, default_safety_margin
 from ._types import ClaimResult, LeaseInfo, to_duration
+from .effects import EffectRunner, Reconcile
 from .errors import (
     ClaimTimeout,
     LeaseError,
@@ -69,7 +70,8 @@ class HeldLease:
     """A lease held inside ``async with client.hold(...)``.
 
     Pass :meth:`metadata` to every side effect, and :meth:`check` before
-    starting each piece of work.
+    starting each piece of work. Run effects that must not be repeated through
+    :meth:`effect`.
     """
 
     def __init__(self, client: LeaseClient, info: LeaseInfo, window: TrustWindow) -> None:
@@ -150,6 +152,53 @@ class HeldLease:
         loss = self.loss
         if loss is not None:
             raise loss
+
+    def effect(
+        self,
+        effect_key: str,
+        *,
+        policy: str,
+        request_digest: bytes = b"",
+        reconcile: Reconcile | None = None,
+    ) -> EffectRunner:
+        """An effect of this lease's task, run through the effect ledger with this fence.
+
+        Use the runner as a decorator or call its ``run``; see
+        :mod:`leasekeeper.effects` for the protocol::
+
+            @lease.effect("email:welcome", policy="ONCE", reconcile=find_sent)
+            async def send() -> str:
+                return await mailer.send(to, body)
+
+            outcome = await send()  # outcome.result, outcome.fresh
+
+        Args:
+            effect_key: The effect's idempotency key, unique within the task
+                (1-256 bytes UTF-8 by default, no control characters).
+            policy: Required. ``"ONCE"`` when the effect cannot be taken back
+                (an email sent, a card charged): the first confirmed outcome
+                stands for ever, a later owner gets it instead of a second send.
+                ``"LATEST"`` when it replaces what was there (a draft, a status):
+                a newer fence does it again and an older fence's completion is
+                refused.
+            request_digest: Digest of what the effect will do
+                (:func:`~leasekeeper.request_digest`); the same key begun with
+                another digest is refused. At most 64 bytes; empty for none.
+            reconcile: ``async (EffectRecord) -> bytes | str | None``: asked
+                when an earlier attempt was never confirmed; returns the outside
+                system's record of the effect, or None if it never happened.
+                None: such an effect raises ``EffectInDoubt``.
+
+        Returns:
+            The runner; nothing is sent until it runs.
+
+        Raises:
+            InvalidArgument: ``policy`` is not ONCE or LATEST (raised locally).
+
+        """
+        return EffectRunner(
+            self, effect_key, policy=policy, request_digest=request_digest, reconcile=reconcile
+        )
 
     def remaining_s(self) -> float:
         """Seconds left until the trust deadline on the client's monotonic clock (>= 0)."""
