@@ -14,6 +14,15 @@ Each call is one transaction on one connection borrowed from the
    BeginEffect calls for a new key exactly one inserts it and gets PROCEED.
 3. The rules of :mod:`~leasekeeper_server.effects` decide; at most one more
    statement writes the outcome.
+4. Waiting for the effect's row lock can outlast the lease, so each of those
+   statements also reads whether the lease is still live on the clock after
+   its own lock or write (``lease_live``); the answer of the last one decides,
+   and a lease that ran out meanwhile rolls everything back as LeaseLost.
+
+An UNAVAILABLE answer does not prove that nothing was written: a commit that
+was slower than the driver's timeout (a synchronous replica that lags) may
+still land. Retrying is safe: a reservation that did commit answers IN_DOUBT,
+a completion that did commit answers the same record again.
 
 Driver errors leave as DatabaseUnavailable (UNAVAILABLE), as in the store.
 """
@@ -34,7 +43,7 @@ from .effects import (
     decide_begin,
 )
 from .errors import LeaseLost
-from .model import TaskKey, fence_loss
+from .model import LossReason, TaskKey, fence_loss
 from .store import Store, task_from_row
 
 
@@ -72,6 +81,20 @@ class EffectLedger:
         if reason is not None:
             raise LeaseLost(reason, task.fence if task is not None else 0)
 
+    async def _settle(
+        self, conn: asyncpg.Connection, key: EffectKey, fence: int, row: asyncpg.Record
+    ) -> Effect:
+        """The record of the transaction's last statement, if the lease was still live then.
+
+        Raises:
+            LeaseLost: the lease ran out while the transaction waited (ABORTED);
+                the transaction rolls back.
+        """
+        if not row["lease_live"]:
+            await self._check_fence(conn, key, fence)  # the clock moved on: raises the loss
+            raise LeaseLost(LossReason.LEASE_EXPIRED, fence)  # pragma: no cover - unreachable
+        return effect_from_row(row)
+
     async def begin(self, request: BeginRequest) -> tuple[BeginDecision, Effect]:
         """Reserves an effect for a live fence, or says why not to act.
 
@@ -99,17 +122,17 @@ class EffectLedger:
                 request.fence,
             )
             if row is not None:
-                return BeginDecision.PROCEED, effect_from_row(row)
+                return BeginDecision.PROCEED, await self._settle(conn, key, request.fence, row)
             row = await conn.fetchrow(sql["lock_effect"], *args)
             assert row is not None, "effect rows are never deleted"
-            record = effect_from_row(row)
+            record = await self._settle(conn, key, request.fence, row)
             decision = decide_begin(record, request)
             if decision is not BeginDecision.PROCEED:
                 return decision, record
             row = await conn.fetchrow(
                 sql["reserve_effect"], *args, request.request_digest, request.fence
             )
-            return decision, effect_from_row(row)
+            return decision, await self._settle(conn, key, request.fence, row)
 
     async def complete(self, key: EffectKey, fence: int, outcome: Outcome) -> Effect:
         """Records an effect's outcome by a live fence. Atomic; idempotent for the same outcome.
@@ -124,7 +147,7 @@ class EffectLedger:
         async with self._store.transaction() as conn:
             await self._check_fence(conn, key, fence)
             row = await conn.fetchrow(self._sql["lock_effect"], *args)
-            record = effect_from_row(row) if row is not None else None
+            record = await self._settle(conn, key, fence, row) if row is not None else None
             if not check_complete(record, outcome):
                 assert record is not None
                 return record
@@ -136,7 +159,7 @@ class EffectLedger:
                 outcome.retryable,
                 outcome.result,
             )
-            return effect_from_row(row)
+            return await self._settle(conn, key, fence, row)
 
     async def list(
         self, task: TaskKey, after_effect_key: str, limit: int, state: EffectState | None

@@ -320,6 +320,29 @@ async def test_begin_reads_the_clock_after_the_row_lock(stub, namespace, db):
     await h.expect_error(pending, ABORTED, "LEASE_EXPIRED")
 
 
+@pytest.mark.parametrize("call", ["begin", "complete"])
+async def test_a_lease_that_runs_out_while_waiting_for_the_effect_row_is_refused(
+    stub, namespace, db, call
+):
+    """The answer is judged by the transaction's last statement, not by its first."""
+    await h.grant(stub, namespace, "t", "a", ttl_s=0.4)
+    await begin(stub, namespace, 1)
+    if call == "begin":  # a retryable failure: the next begin would PROCEED
+        await complete(stub, namespace, 1, outcome=FAILED, retryable=True)
+    before = await effect_rows(db, namespace)
+    async with db.transaction():
+        await db.execute(
+            "SELECT 1 FROM leasekeeper_effects WHERE namespace = $1 FOR UPDATE", namespace
+        )
+        pending = asyncio.create_task(
+            begin(stub, namespace, 1) if call == "begin" else complete(stub, namespace, 1)
+        )
+        await asyncio.sleep(0.6)  # hold the effect row past the ttl: the subject of the test
+        assert not pending.done()
+    await h.expect_error(pending, ABORTED, "LEASE_EXPIRED")
+    assert await effect_rows(db, namespace) == before
+
+
 async def test_list_effects_pages_filters_and_reports_each_attempt(stub, namespace):
     await h.grant(stub, namespace, "t", "a")
     for i in range(5):

@@ -192,7 +192,11 @@ class LeaseServiceServicer:
         RESERVED                               -> IN_DOUBT (ONCE; and LATEST
         for the same fence);
         LATEST, recorded by an older fence     -> PROCEED (superseded).
-        Of many concurrent calls for one new key, exactly one gets PROCEED.
+        Of many concurrent calls for one new key, exactly one gets PROCEED. The
+        lease must still be live when the decision is written: a call that
+        waited for the effect's row past the lease's expiry is refused.
+        UNAVAILABLE does not prove nothing was reserved (a commit slower than
+        the server's timeout may still land); a retry then answers IN_DOUBT.
 
         Errors:
         ABORTED  the fence may not act: LEASE_EXPIRED, LEASE_SUPERSEDED,
@@ -210,7 +214,8 @@ class LeaseServiceServicer:
         must be the task's current fence and its lease HELD, and at least the
         fence of the reservation (a replacement worker may record the outcome of
         an earlier attempt it reconciled). Idempotent: the same outcome, retryable
-        flag and result recorded again answer OK.
+        flag and result recorded again answer OK, so a call that ended
+        UNAVAILABLE can simply be retried.
 
         Errors:
         ABORTED  the fence may not act (reasons as BeginEffect): a step that

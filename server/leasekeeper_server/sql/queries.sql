@@ -108,7 +108,10 @@ LIMIT $3::int;
 
 -- The effect ledger. Each RPC is one short transaction that starts with
 -- lock_lease, so the fence check and the ledger write commit together while
--- no claim can change the task (see migrations/0002_effects.sql).
+-- no claim can change the task (see migrations/0002_effects.sql). Waiting
+-- for an effect's row lock can outlast the lease, so every later statement
+-- also returns lease_live, read on the clock after its own lock or write:
+-- the transaction's answer is judged by its last statement, not its first.
 
 -- name: lock_lease
 -- Takes a share lock on the task's row, then reads the row and the clock.
@@ -134,13 +137,22 @@ INSERT INTO leasekeeper_effects
 VALUES ($1::text, $2::text, $3::text, $4::text, $5::bytea, 'reserved', $6::bigint,
         1, clock_timestamp())
 ON CONFLICT (namespace, task_id, effect_key) DO NOTHING
-RETURNING *;
+RETURNING *, (SELECT t.state = 'held' AND t.expire_time > clock_timestamp()
+                FROM leasekeeper_tasks t
+                WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
 
 -- name: lock_effect
--- The effect's record, locked until the transaction ends.
-SELECT * FROM leasekeeper_effects
-WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
-FOR UPDATE;
+-- The effect's record, locked until the transaction ends. lease_live is read
+-- by the outer query, after the MATERIALIZED CTE has taken the lock.
+WITH e AS MATERIALIZED (
+    SELECT * FROM leasekeeper_effects
+    WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
+    FOR UPDATE
+)
+SELECT e.*, (SELECT t.state = 'held' AND t.expire_time > clock_timestamp()
+             FROM leasekeeper_tasks t
+             WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live
+FROM e;
 
 -- name: reserve_effect
 -- A new attempt over a locked record: for fence $5 with digest $4.
@@ -149,7 +161,9 @@ SET state = 'reserved', fence = $5::bigint, request_digest = $4::bytea,
     attempts = attempts + 1, begin_time = clock_timestamp(),
     complete_fence = NULL, complete_time = NULL, retryable = false, result = ''::bytea
 WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
-RETURNING *;
+RETURNING *, (SELECT t.state = 'held' AND t.expire_time > clock_timestamp()
+                FROM leasekeeper_tasks t
+                WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
 
 -- name: complete_effect
 -- Records the outcome $5 ('succeeded' or 'failed') over a locked record, by fence $4.
@@ -157,7 +171,9 @@ UPDATE leasekeeper_effects
 SET state = $5::text, retryable = $6::boolean, result = $7::bytea,
     complete_fence = $4::bigint, complete_time = clock_timestamp()
 WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
-RETURNING *;
+RETURNING *, (SELECT t.state = 'held' AND t.expire_time > clock_timestamp()
+                FROM leasekeeper_tasks t
+                WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
 
 -- name: list_effects
 -- One page of a task's effects after effect_key $3 (keyset), optionally only
