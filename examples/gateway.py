@@ -23,8 +23,14 @@ its fence.
 
 ``/demo.v1.Gateway/Lookup`` (body ``{"effect_key": ...}``, the lease in the
 metadata) answers whether the task's send with that key happened: the
-reconciliation question of a worker whose effect is IN_DOUBT. It only reads,
-and is not fence-checked: a replacement worker asks about an older attempt.
+reconciliation question of a worker whose effect is IN_DOUBT. It is a fenced
+read: in one transaction it first accepts the caller's fence in the fence
+table, exactly as a send would, and only then reads. Once a replacement
+worker has been told "not found", the paused worker whose attempt is in doubt
+can no longer deliver it (its lower fence is refused), so "not found" stays
+true and the replacement may send. A plain read would leave that window open:
+the old attempt could land between the lookup and the replacement's send,
+and the effect would happen twice.
 
 Every accepted send, refusal and lookup prints one line on stdout.
 
@@ -198,19 +204,36 @@ class Ledger:
             raise
         return SendOutcome("accepted", send_id, ref.fence, ref.fence)
 
-    def lookup(self, namespace: str, task_id: str, effect_key: str) -> LookupOutcome:
-        """The task's sends with ``effect_key``: did the effect happen? Read-only.
+    def lookup(self, ref: FenceRef, effect_key: str) -> LookupOutcome | None:
+        """The task's sends with ``effect_key``: did the effect happen? A fenced read.
+
+        Atomic: one SQLite write transaction accepts ``ref``'s fence (as a send
+        would) and then reads, so no send with a lower fence can be recorded
+        after this answer.
 
         Args:
-            namespace: The task's namespace.
-            task_id: The task.
+            ref: The lease of the worker asking.
             effect_key: The send's idempotency key.
 
         Returns:
-            The first such send and how many there are.
+            The first such send and how many there are; None when a higher
+            fence was accepted for the task (the asker is stale; nothing changed).
 
         """
-        rows = self._db.execute(FIND_SENDS, (namespace, task_id, effect_key)).fetchall()
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            try:
+                accept_fence_sqlite(db, ref)
+            except FenceRefused:
+                db.execute("ROLLBACK")
+                return None
+            rows = db.execute(FIND_SENDS, (ref.namespace, ref.task_id, effect_key)).fetchall()
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
         if not rows:
             return LookupOutcome(False, None, None, None, 0)
         send_id, fence, message = rows[0]
@@ -276,13 +299,19 @@ class GatewayHandlers:
         ).encode()
 
     async def lookup(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Answer whether the caller's task sent ``effect_key``; its fence is not checked."""
+        """Answer whether the caller's task sent ``effect_key``; ABORTED for a stale fence."""
         ref = await self._lease_of(context, grpc.StatusCode.INVALID_ARGUMENT)
         effect_key = str(json.loads(request or b"{}").get("effect_key", "send"))
-        found = self._ledger.lookup(ref.namespace, ref.task_id, effect_key)
+        found = self._ledger.lookup(ref, effect_key)
+        where = f"{ref.namespace}/{ref.task_id} fence={ref.fence}"
+        if found is None:
+            text = f"fence {ref.fence} is lower than a fence already accepted"
+            _say(f"REFUSED lookup {where} by ledger: {text}")
+            await _abort(context, grpc.StatusCode.ABORTED, text, FENCE_BELOW_ACCEPTED)
         _say(
             f"LOOKUP {ref.namespace}/{ref.task_id} effect_key={effect_key!r} "
-            f"found={found.found} send_id={found.send_id} fence={found.fence} count={found.count}"
+            f"found={found.found} send_id={found.send_id} fence={found.fence} count={found.count} "
+            f"(asked with fence {ref.fence}: older fences now refused)"
         )
         return json.dumps(
             {

@@ -78,7 +78,7 @@ from leasekeeper import (
 SEND_METHOD = "/demo.v1.Gateway/Send"
 LOOKUP_METHOD = "/demo.v1.Gateway/Lookup"
 EFFECT_KEY = "summary"
-STEPS = ("before-begin", "after-begin", "after-effect", "after-complete")
+STEPS = ("before-begin", "after-begin", "after-reconcile", "after-effect", "after-complete")
 LOOKUP_TIMEOUT_S = 10.0
 
 
@@ -269,6 +269,7 @@ class LedgerWorker:
         self.found = bool(found["found"])
         if not self.found:
             self.say("reconcile: not found")
+            self.stop_at("after-reconcile")
             return None
         self.say(
             f"reconcile: found send_id={found['send_id']} fence={found['fence']} "

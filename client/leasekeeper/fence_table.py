@@ -32,6 +32,11 @@ PostgreSQL may answer a concurrent update with a serialization failure
 instead: retry the transaction as for any other. Never delete a row of a task
 whose workers may still call: the row is what refuses their old fences.
 
+A read that a worker uses to decide whether to act (the reconciliation
+question "did my predecessor's attempt happen?") must accept the asker's fence
+the same way, in the same transaction, before it reads: otherwise the older
+attempt can still land after the answer "no", and the effect happens twice.
+
 Other drivers run the same statements (constants below) with their own
 placeholders. The table name is fixed; on PostgreSQL choose its schema with
 ``search_path``. SQLite needs version 3.35 or later (``RETURNING``).

@@ -62,9 +62,9 @@ class Scene:
         self.children.append(child)
         return child
 
-    async def start_gateway(self) -> Child:
+    async def start_gateway(self, *flags: str) -> Child:
         argv = [sys.executable, str(EXAMPLES_DIR / "gateway.py"), "--leasekeeper", self.target]
-        argv += ["--db", str(self.ledger_path)]
+        argv += ["--db", str(self.ledger_path), *flags]
         self.gateway = await self.spawn("gateway", argv)
         self.gateway_address = (await self.gateway.wait_for(r"listening on (\S+)")).group(1)
         return self.gateway
@@ -102,11 +102,11 @@ class Scene:
 
 
 @contextlib.asynccontextmanager
-async def scene(server, namespace: str, workdir: Path) -> AsyncIterator[Scene]:
+async def scene(server, namespace: str, workdir: Path, *gateway_flags: str) -> AsyncIterator[Scene]:
     """A scene with its gateway started; every process is stopped on exit."""
     running = Scene(server.target, namespace, workdir)
     try:
-        await running.start_gateway()
+        await running.start_gateway(*gateway_flags)
         yield running
     finally:
         await running.close()
@@ -221,6 +221,32 @@ async def test_worker_paused_after_begin_is_replaced_and_its_late_send_and_compl
         "applied": 1,
         "refused": 1,
     }
+
+
+async def test_old_attempt_cannot_land_between_the_replacements_lookup_and_its_send(
+    server, namespace, tmp_path
+):
+    """Reconciling must be a fenced read: once B was told "not found", A's send is refused.
+
+    The gateway runs with --ledger-only: its fence table is the only check, so
+    nothing but the fenced Lookup can refuse A's late send.
+    """
+    async with (
+        scene(server, namespace, tmp_path, "--ledger-only") as s,
+        LeaseClient(server.target, namespace=namespace) as client,
+    ):
+        a = await s.start_worker("A", "--stop-at", "after-begin")
+        await a.wait_for(r"at after-begin$")
+        await wait_expired(client)
+        b = await s.start_worker("B", "--stop-at", "after-reconcile")
+        await b.wait_for(r"at after-reconcile$")  # B was told: not found
+
+        a.signal(signal.SIGCONT)  # A's attempt arrives after B's lookup, before B's send
+        assert await s.finished(a) == Exit.FENCED, s.stderr_of(a)
+        assert a.has(r"send REFUSED fence=1 code=ABORTED reason=FENCE_BELOW_ACCEPTED$")
+        b.signal(signal.SIGCONT)
+        assert await s.finished(b) == Exit.RESENT, s.stderr_of(b)
+    assert s.sends() == [(namespace, TASK_ID, 2, EFFECT_KEY)]
 
 
 # --- 2. killed between the effect and CompleteEffect -----------------------------------------

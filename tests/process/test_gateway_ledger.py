@@ -63,7 +63,8 @@ def test_record_send_lower_fence_after_higher_is_refused_and_records_nothing(led
     assert (refused.status, refused.send_id, refused.highest_fence) == ("refused", None, 2)
     assert [row["fence"] for row in read_sends(ledger_path)] == [2]
     assert accepted_fence(ledger_path, "ns", "t") == 2
-    assert not ledger.lookup("ns", "t", "other").found
+    assert ledger.lookup(FenceRef("ns", "t", 1), "other") is None  # stale: refused
+    assert not ledger.lookup(FenceRef("ns", "t", 2), "other").found
 
 
 def test_record_send_same_effect_key_twice_without_dedupe_sends_twice(ledger, ledger_path):
@@ -104,13 +105,28 @@ def test_record_send_fences_are_per_task(ledger):
 
 
 def test_lookup_finds_the_tasks_first_send_and_counts_repeats(ledger):
-    assert ledger.lookup("ns", "t", "summary") == LookupOutcome(False, None, None, None, 0)
+    fence_2 = FenceRef("ns", "t", 2)
+    assert ledger.lookup(FenceRef("ns", "t", 1), "summary") == LookupOutcome(
+        False, None, None, None, 0
+    )
     first = ledger.record_send(FenceRef("ns", "t", 1), "summary", "once")
-    ledger.record_send(FenceRef("ns", "t", 2), "summary", "twice")
+    ledger.record_send(fence_2, "summary", "twice")
     ledger.record_send(FenceRef("ns", "other", 1), "summary", "another task")
-    assert ledger.lookup("ns", "t", "summary") == LookupOutcome(True, first.send_id, 1, "once", 2)
-    assert not ledger.lookup("ns", "t", "unknown").found
-    assert not ledger.lookup("ns2", "t", "summary").found
+    assert ledger.lookup(fence_2, "summary") == LookupOutcome(True, first.send_id, 1, "once", 2)
+    assert not ledger.lookup(fence_2, "unknown").found
+    assert not ledger.lookup(FenceRef("ns2", "t", 2), "summary").found
+
+
+def test_lookup_is_a_fenced_read_an_older_attempt_cannot_land_after_it(ledger, ledger_path):
+    """The reconcile window: A (fence 1) was paused before its send; B (fence 2) looks it up."""
+    assert ledger.record_send(FenceRef("ns", "t", 1), "warm-up", "A's earlier send").status == (
+        "accepted"
+    )
+    assert not ledger.lookup(FenceRef("ns", "t", 2), "summary").found  # B: not found
+    late = ledger.record_send(FenceRef("ns", "t", 1), "summary", "A, resumed")
+    assert (late.status, late.highest_fence) == ("refused", 2)
+    assert ledger.record_send(FenceRef("ns", "t", 2), "summary", "B").status == "accepted"
+    assert [r["message"] for r in read_sends(ledger_path) if r["effect_key"] == "summary"] == ["B"]
 
 
 # --- over gRPC: the gateway's methods, as workers call them ---------------------------------
@@ -146,20 +162,16 @@ def reason_of(error: grpc.aio.AioRpcError) -> str:
     return info.reason
 
 
-async def test_lookup_over_grpc_answers_a_lower_fence_without_refusing_it(ledger, ledger_path):
+async def test_lookup_over_grpc_raises_the_fence_and_refuses_a_lower_one(ledger, ledger_path):
     async with gateway_channel(ledger, None) as channel:
-        sent = await call(
-            channel,
-            SEND_METHOD,
-            {"effect_key": "summary", "message": "hi"},
-            FenceRef("ns", "t", 2).metadata(),
-        )
-        assert sent == {"status": "accepted", "send_id": 1, "fence": 2}
+        older, newer = FenceRef("ns", "t", 1).metadata(), FenceRef("ns", "t", 2).metadata()
+        sent = await call(channel, SEND_METHOD, {"effect_key": "summary", "message": "hi"}, older)
+        assert sent == {"status": "accepted", "send_id": 1, "fence": 1}
 
-        older = FenceRef("ns", "t", 1).metadata()  # a replacement asks about an older attempt
-        found = await call(channel, LOOKUP_METHOD, {"effect_key": "summary"}, older)
-        assert found == {"found": True, "send_id": 1, "fence": 2, "message": "hi", "count": 1}
-        missing = await call(channel, LOOKUP_METHOD, {"effect_key": "draft"}, older)
+        # A replacement (fence 2) asks about the older attempt.
+        found = await call(channel, LOOKUP_METHOD, {"effect_key": "summary"}, newer)
+        assert found == {"found": True, "send_id": 1, "fence": 1, "message": "hi", "count": 1}
+        missing = await call(channel, LOOKUP_METHOD, {"effect_key": "draft"}, newer)
         assert missing == {
             "found": False,
             "send_id": None,
@@ -168,20 +180,19 @@ async def test_lookup_over_grpc_answers_a_lower_fence_without_refusing_it(ledger
             "count": 0,
         }
 
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await call(channel, SEND_METHOD, {"effect_key": "summary", "message": "stale"}, older)
-        assert refused.value.code() is grpc.StatusCode.ABORTED
-        assert reason_of(refused.value) == "FENCE_BELOW_ACCEPTED"
-
-        with pytest.raises(grpc.aio.AioRpcError) as no_lease:
-            await call(channel, LOOKUP_METHOD, {"effect_key": "summary"})
-        assert no_lease.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-        assert reason_of(no_lease.value) == "FENCE_MISSING"
-    assert [row["message"] for row in read_sends(ledger_path)] == ["hi"]
+        for method, body in [
+            (SEND_METHOD, {"effect_key": "draft", "message": "stale"}),
+            (LOOKUP_METHOD, {"effect_key": "draft"}),
+        ]:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call(channel, method, body, older)
+            assert refused.value.code() is grpc.StatusCode.ABORTED
+            assert reason_of(refused.value) == "FENCE_BELOW_ACCEPTED"
+        assert [row["fence"] for row in read_sends(ledger_path)] == [1]
 
 
 @pytest.mark.process
-async def test_lookup_with_stale_fence_passes_the_fence_interceptor_send_does_not(
+async def test_lookup_skips_the_fence_interceptor_but_the_ledger_refuses_a_stale_fence(
     server, namespace, ledger, ledger_path
 ):
     async with LeaseClient(server.target, namespace=namespace) as client:
@@ -200,8 +211,12 @@ async def test_lookup_with_stale_fence_passes_the_fence_interceptor_send_does_no
             assert refused.value.code() is grpc.StatusCode.ABORTED
             assert reason_of(refused.value) == "LEASE_SUPERSEDED"  # the interceptor's refusal
 
-            found = await call(channel, LOOKUP_METHOD, {"effect_key": "summary"}, stale)
+            found = await call(channel, LOOKUP_METHOD, {"effect_key": "summary"}, current)
             assert (found["found"], found["fence"]) == (True, second.lease.fence)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call(channel, LOOKUP_METHOD, {"effect_key": "summary"}, stale)
+            assert refused.value.code() is grpc.StatusCode.ABORTED
+            assert reason_of(refused.value) == "FENCE_BELOW_ACCEPTED"  # the ledger's refusal
     assert [row["message"] for row in read_sends(ledger_path)] == ["new"]
 
 
