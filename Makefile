@@ -30,7 +30,7 @@ lint: $(VENV)/.installed ## ruff and mypy
 protos: $(VENV)/.installed ## regenerate the Python stubs from protos/
 	$(PY) scripts/gen_protos.py
 
-demo: $(VENV)/.installed ## the paused-worker scenario on real processes
+demo: $(VENV)/.installed ## the paused-worker and crashed-worker scenarios on real processes
 	$(PY) examples/demo.py
 
 clean: ## remove the virtual environment

@@ -1,10 +1,10 @@
-"""The demo: a paused worker cannot send. One command, real processes.
+"""The demo: a paused worker cannot send; a crashed worker's send is not repeated.
 
     python examples/demo.py        (or: make demo)
 
 It starts ``leasekeeper serve`` (on ``LEASEKEEPER_DATABASE_URL`` when set,
 otherwise on its embedded PostgreSQL in a temporary folder), the effect gateway
-(``gateway.py``) and two workers (``worker.py``), then plays the scenario:
+(``gateway.py``) and two workers (``worker.py``), then plays act 1:
 
 1. worker A claims the task (fence 1) with a 2 s ttl and starts its slow work;
 2. A is frozen with SIGSTOP; its lease expires on the database clock;
@@ -12,6 +12,18 @@ otherwise on its embedded PostgreSQL in a temporary folder), the effect gateway
 4. A is resumed with SIGCONT and sends with fence 1: the gateway refuses it,
    and A's client raises LeaseLost;
 5. the gateway's table holds exactly one send, from fence 2.
+
+Act 2, the effect ledger, on a new task (same server and gateway), with
+``ledger_worker.py`` workers that send through ``lease.effect(...)``:
+
+1. worker A claims the task (fence 1), the ledger answers PROCEED, A sends
+   (accepted) and stops itself before CompleteEffect (``--stop-at after-effect``);
+2. A is killed with SIGKILL: it crashed after the effect, before confirming it;
+3. A's lease expires; worker B claims the task (fence 2); the ledger answers
+   IN_DOUBT; B asks the gateway (Lookup), finds A's send, records it SUCCEEDED
+   and sends nothing;
+4. the gateway's table holds exactly one send for the task (fence 1), and the
+   ledger's record is SUCCEEDED, reserved by fence 1 and completed by fence 2.
 
 Exits 0 only if all of that happened; every process is stopped at the end.
 """
@@ -30,8 +42,10 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from gateway import read_sends
+from ledger_worker import Exit as LedgerExit
 from worker import Exit
 
 from leasekeeper import LeaseClient
@@ -39,6 +53,7 @@ from leasekeeper import LeaseClient
 HERE = Path(__file__).resolve().parent
 TTL_S = 2.0
 WORK_S = 1.0
+LEDGER_TTL_S = 1.0  # act 2: A is killed, so its lease only ends by its ttl
 START_TIMEOUT_S = 30.0
 STEP_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
@@ -175,6 +190,15 @@ async def wait_until_expired(target: str, namespace: str, task_id: str) -> float
     return time.monotonic() - started
 
 
+def show_send(row: dict[str, Any]) -> None:
+    """One row of the gateway's table of sends."""
+    print(
+        f"   {'table':>8} | send_id={row['send_id']} task={row['namespace']}/"
+        f"{row['task_id']} fence={row['fence']} message={row['message']!r}",
+        flush=True,
+    )
+
+
 class Demo:
     """The scenario, with its processes and the checks it has passed or failed."""
 
@@ -182,6 +206,7 @@ class Demo:
         self.workdir = workdir
         self.namespace = f"demo-{uuid.uuid4().hex[:8]}"
         self.task_id = "contract-summary-r42"
+        self.ledger_task_id = "contract-summary-r43"  # act 2's task
         self.target = ""  # the lease service's host:port, once it listens
         self.ledger_path = workdir / "gateway.sqlite3"
         self.children: list[Child] = []
@@ -215,6 +240,13 @@ class Demo:
         argv += ["--ttl-s", str(TTL_S), "--work-s", str(work_s)]
         return argv + (["--wait-s", str(wait_s)] if wait_s is not None else [])
 
+    def ledger_worker_argv(self, name: str, gateway: str, *flags: str) -> list[str]:
+        """The command line of act 2's worker ``name`` (``ledger_worker.py``)."""
+        argv = [sys.executable, str(HERE / "ledger_worker.py"), "--name", name]
+        argv += ["--target", self.target, "--gateway", gateway, "--namespace", self.namespace]
+        argv += ["--task-id", self.ledger_task_id, "--ttl-s", str(LEDGER_TTL_S)]
+        return [*argv, "--wait-s", str(STEP_TIMEOUT_S), *flags]
+
     async def start_services(self) -> str:
         """Start the lease service and the gateway; returns the gateway's address."""
         # Port 0: the server picks a free port and logs it (INFO, on stderr).
@@ -241,8 +273,13 @@ class Demo:
         return match.group(1)
 
     async def play(self) -> None:
-        """The seed's scenario, step by step."""
+        """Both acts, on one lease service and one gateway."""
         gateway = await self.start_services()
+        await self.act_paused_worker(gateway)
+        await self.act_crashed_worker(gateway)
+
+    async def act_paused_worker(self, gateway: str) -> None:
+        """Act 1, the seed's scenario: a paused worker cannot send."""
         env = dict(os.environ)
 
         narrate(f"Worker A claims {self.namespace}/{self.task_id} with a {TTL_S} s ttl")
@@ -290,14 +327,74 @@ class Demo:
         narrate(f"The gateway's table of sends ({self.ledger_path.name})")
         sends = read_sends(self.ledger_path)
         for row in sends:
-            print(
-                f"   {'table':>8} | send_id={row['send_id']} task={row['namespace']}/"
-                f"{row['task_id']} fence={row['fence']} message={row['message']!r}",
-                flush=True,
-            )
+            show_send(row)
         self.check(
             len(sends) == 1 and sends[0]["fence"] == 2, "exactly one send, made with fence 2"
         )
+
+    async def act_crashed_worker(self, gateway: str) -> None:
+        """Act 2, the effect ledger: the send of a worker that crashed is not repeated."""
+        env, task = dict(os.environ), f"{self.namespace}/{self.ledger_task_id}"
+        narrate(
+            f"Act 2, the effect ledger: worker A claims {task} with a {LEDGER_TTL_S} s ttl "
+            'and sends through lease.effect("summary", policy="ONCE")'
+        )
+        argv = self.ledger_worker_argv("A", gateway, "--stop-at", "after-effect")
+        a = await self.spawn("worker A", argv, env)
+        sent = await a.wait_for(r"send accepted fence=1 send_id=(\d+) ")
+        await a.wait_for(r"at after-effect$")
+        a.signal(signal.SIGKILL)
+        a_code = await a.exit_code()
+        narrate(
+            "A stopped itself before CompleteEffect; it is killed with SIGKILL "
+            "(crashed after the effect, before confirming it)"
+        )
+        send_id = sent.group(1)
+        proceed = a.has(r"begin .* fence=1 -> PROCEED ")
+        self.check(proceed, f"the ledger answered PROCEED to fence 1; A sent (send_id={send_id})")
+        self.check(a_code == -signal.SIGKILL, f"A exited {a_code} (killed)")
+
+        waited_s = await wait_until_expired(self.target, self.namespace, self.ledger_task_id)
+        narrate(f"A's lease expired on the database clock ({waited_s:.1f} s later): state EXPIRED")
+
+        narrate("Worker B claims the task and begins the same effect")
+        b = await self.spawn("worker B", self.ledger_worker_argv("B", gateway), env)
+        b_code = await b.exit_code()
+        self.check(b.has(r"claimed .*fence=2"), "B claimed with fence 2")
+        self.check(b.has(r"begin .* fence=2 -> IN_DOUBT "), "the ledger answered IN_DOUBT to B")
+        found = b.has(rf"reconcile: found send_id={send_id} fence=1 ")
+        self.check(found, f"B asked the gateway (Lookup): found A's send_id={send_id}")
+        self.check(not b.has(r": send "), "B sent nothing")
+        self.check(b_code == LedgerExit.RECONCILED, f"B exited {b_code} (RECONCILED)")
+        await self.check_ledger_and_table(send_id)
+
+    async def check_ledger_and_table(self, send_id: str) -> None:
+        """Act 2's effect as the ledger recorded it, and the gateway's sends for its task."""
+        narrate(f"The effect ledger's record (ListEffects for {self.ledger_task_id})")
+        async with LeaseClient(self.target, namespace=self.namespace) as client:
+            effects, _ = await client.list_effects(self.ledger_task_id)
+        for e in effects:
+            print(
+                f"   {'ledger':>8} | effect_key={e.effect_key!r} state={e.state} fence={e.fence} "
+                f"complete_fence={e.complete_fence} attempts={e.attempts} "
+                f"result={e.result.decode(errors='replace')!r}",
+                flush=True,
+            )
+        recorded = [(e.state, e.fence, e.complete_fence, e.result) for e in effects]
+        self.check(
+            recorded == [("SUCCEEDED", 1, 2, send_id.encode())],
+            f"SUCCEEDED (result send_id={send_id}), reserved by fence 1, completed by fence 2",
+        )
+
+        narrate(f"The gateway's table of sends, for {self.ledger_task_id}")
+        sends = [
+            row
+            for row in read_sends(self.ledger_path)
+            if (row["namespace"], row["task_id"]) == (self.namespace, self.ledger_task_id)
+        ]
+        for row in sends:
+            show_send(row)
+        self.check([row["fence"] for row in sends] == [1], "exactly one send, made with fence 1")
 
 
 @contextlib.asynccontextmanager
@@ -335,7 +432,11 @@ async def main() -> int:
             print(f"\ndemo FAILED ({elapsed_s:.1f} s): {'; '.join(demo.failures)}", flush=True)
             show_stderr(workdir)
             return 1
-        print(f"\ndemo OK ({elapsed_s:.1f} s): the stale worker was fenced off.", flush=True)
+        print(
+            f"\ndemo OK ({elapsed_s:.1f} s): the stale worker was fenced off; "
+            "the crashed worker's send was not repeated.",
+            flush=True,
+        )
         return 0
 
 

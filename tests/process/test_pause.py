@@ -203,8 +203,18 @@ def test_demo_runs_the_scenario_and_exits_zero():
         r"worker A: LeaseLost reason=LEASE_(SUPERSEDED|EXPIRED)",
         r"valid=False reason=LEASE_SUPERSEDED current_fence=2",
         r"table \| send_id=1 \S+ fence=2",
+        # Act 2: A killed after its send, before CompleteEffect; B reconciles, sends nothing.
+        r"worker A: begin effect_key='summary' fence=1 -> PROCEED",
+        r"worker A: at after-effect",
+        r"worker B: begin effect_key='summary' fence=2 -> IN_DOUBT",
+        r"worker B: reconcile: found send_id=2 fence=1 count=1",
+        r"worker B: exit 5 \(RECONCILED\)",
+        r"ledger \| effect_key='summary' state=SUCCEEDED fence=1 complete_fence=2 ",
         r"demo OK",
     ):
         assert re.search(key_line, out), f"missing /{key_line}/ in:\n{out}"
     assert "FAILED" not in out
-    assert len(re.findall(r"table \| send_id=", out)) == 1
+    # Exactly one send per act: act 1's by fence 2, act 2's by A's fence 1 (not repeated by B).
+    sends = re.findall(r"table \| send_id=\d+ task=\S+/(\S+) fence=(\d+)", out)
+    assert sends == [("contract-summary-r42", "2"), ("contract-summary-r43", "1")], out
+    assert not re.search(r"worker B: send ", out.split("Act 2")[1])
