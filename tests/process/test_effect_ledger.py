@@ -16,13 +16,11 @@ the server's effect counters, and each worker's exit code and ledger calls.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -31,43 +29,19 @@ from gateway import read_sends
 from ledger_worker import Exit
 
 from leasekeeper import EffectRecord, LeaseClient
+from tests.process.scene import EXAMPLES_DIR, STEP_TIMEOUT_S, Scene, poll_until
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 TASK_ID = "contract-summary-r42"
 EFFECT_KEY = "summary"
 TTL_S = 1.0
 LIVE_TTL_S = 5.0  # where no lease is meant to expire: a loaded machine cannot end it early
-POLL_INTERVAL_S = 0.02
-STEP_TIMEOUT_S = 15.0
 EFFECT_EVENTS = ("begun", "proceed", "already_applied", "in_doubt", "applied", "failed", "refused")
 
 
-class Scene:
-    """The gateway and workers of one test, all stopped at the end."""
-
-    def __init__(self, target: str, namespace: str, workdir: Path) -> None:
-        self.target = target
-        self.namespace = namespace
-        self.workdir = workdir
-        self.ledger_path = workdir / "gateway.sqlite3"
-        self.gateway_address = ""
-        self.gateway: Child | None = None
-        self.children: list[Child] = []
-
-    async def spawn(self, label: str, argv: list[str]) -> Child:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        child = await Child.start(label, argv, env, self.workdir / f"{label}.stderr")
-        self.children.append(child)
-        return child
-
-    async def start_gateway(self, *flags: str) -> Child:
-        argv = [sys.executable, str(EXAMPLES_DIR / "gateway.py"), "--leasekeeper", self.target]
-        argv += ["--db", str(self.ledger_path), *flags]
-        self.gateway = await self.spawn("gateway", argv)
-        self.gateway_address = (await self.gateway.wait_for(r"listening on (\S+)")).group(1)
-        return self.gateway
+class LedgerScene(Scene):
+    """A scene whose workers send through the effect ledger (``examples/ledger_worker.py``)."""
 
     async def start_worker(self, name: str, *flags: str, ttl_s: float = TTL_S) -> Child:
         """A ledger worker; it waits for the task as long as a step may take."""
@@ -81,10 +55,6 @@ class Scene:
         """The worker's exit code, waiting for it at most a step's timeout."""
         return await worker.exit_code(STEP_TIMEOUT_S)
 
-    def stderr_of(self, worker: Child) -> str:
-        """What the worker wrote on stderr (shown when an exit code is not the expected one)."""
-        return (self.workdir / f"{worker.label}.stderr").read_text(errors="replace")
-
     def sends(self) -> list[tuple[str, str, int, str]]:
         """The outside system's record: (namespace, task_id, fence, effect_key) per send."""
         return [
@@ -96,28 +66,18 @@ class Scene:
         assert self.gateway is not None
         return [line for line in self.gateway.lines if f"gateway: {word} " in line]
 
-    async def close(self) -> None:
-        for child in reversed(self.children):
-            await child.stop()
-
 
 @contextlib.asynccontextmanager
-async def scene(server, namespace: str, workdir: Path, *gateway_flags: str) -> AsyncIterator[Scene]:
+async def scene(
+    server, namespace: str, workdir: Path, *gateway_flags: str
+) -> AsyncIterator[LedgerScene]:
     """A scene with its gateway started; every process is stopped on exit."""
-    running = Scene(server.target, namespace, workdir)
+    running = LedgerScene(server.target, namespace, workdir)
     try:
         await running.start_gateway(*gateway_flags)
         yield running
     finally:
         await running.close()
-
-
-async def poll_until(probe: Callable[[], Awaitable[bool]]) -> None:
-    async with asyncio.timeout(STEP_TIMEOUT_S):
-        while True:
-            if await probe():
-                return
-            await asyncio.sleep(POLL_INTERVAL_S)
 
 
 async def wait_expired(client: LeaseClient) -> None:

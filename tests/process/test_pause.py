@@ -7,7 +7,6 @@ waits for expiry with a sleep: the test polls the lease service.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -15,7 +14,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,41 +24,17 @@ from gateway import read_sends
 from worker import Exit
 
 from leasekeeper import LeaseClient
+from tests.process.scene import EXAMPLES_DIR, STEP_TIMEOUT_S, Scene, poll_until
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 TASK_ID = "contract-summary-r42"
 TTL_S = 1.0
 WORK_S = 1.0
-POLL_INTERVAL_S = 0.02
-STEP_TIMEOUT_S = 15.0
 
 
-class Scene:
-    """The gateway and workers of one test, all stopped at the end."""
-
-    def __init__(self, target: str, namespace: str, workdir: Path) -> None:
-        self.target = target
-        self.namespace = namespace
-        self.workdir = workdir
-        self.ledger_path = workdir / "gateway.sqlite3"
-        self.gateway_address = ""
-        self.gateway: Child | None = None
-        self.children: list[Child] = []
-
-    async def spawn(self, label: str, argv: list[str]) -> Child:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        child = await Child.start(label, argv, env, self.workdir / f"{label}.stderr")
-        self.children.append(child)
-        return child
-
-    async def start_gateway(self, ledger_only: bool) -> Child:
-        argv = [sys.executable, str(EXAMPLES_DIR / "gateway.py"), "--leasekeeper", self.target]
-        argv += ["--db", str(self.ledger_path)] + (["--ledger-only"] if ledger_only else [])
-        self.gateway = await self.spawn("gateway", argv)
-        self.gateway_address = (await self.gateway.wait_for(r"listening on (\S+)")).group(1)
-        return self.gateway
+class PauseScene(Scene):
+    """A scene whose workers send with a fence only (``examples/worker.py``)."""
 
     async def start_worker(self, name: str, work_s: float, wait_s: float | None = None) -> Child:
         argv = [sys.executable, str(EXAMPLES_DIR / "worker.py"), "--name", name]
@@ -69,29 +44,14 @@ class Scene:
         argv += ["--wait-s", str(wait_s)] if wait_s is not None else []
         return await self.spawn(f"worker-{name}", argv)
 
-    def stderr_of(self, label: str) -> str:
-        return (self.workdir / f"{label}.stderr").read_text(errors="replace")
-
-    async def close(self) -> None:
-        for child in reversed(self.children):
-            await child.stop()
-
 
 @contextlib.asynccontextmanager
-async def scene(target: str, namespace: str, workdir: Path) -> AsyncIterator[Scene]:
-    running = Scene(target, namespace, workdir)
+async def scene(target: str, namespace: str, workdir: Path) -> AsyncIterator[PauseScene]:
+    running = PauseScene(target, namespace, workdir)
     try:
         yield running
     finally:
         await running.close()
-
-
-async def poll_until(probe: Callable[[], Awaitable[bool]]) -> None:
-    async with asyncio.timeout(STEP_TIMEOUT_S):
-        while True:
-            if await probe():
-                return
-            await asyncio.sleep(POLL_INTERVAL_S)
 
 
 def heartbeat_endings(caplog: pytest.LogCaptureFixture, namespace: str) -> list[str]:
@@ -118,7 +78,7 @@ async def test_paused_worker_resumed_after_replacement_sends_is_refused(
         scene(server.target, namespace, tmp_path) as s,
         LeaseClient(server.target, namespace=namespace) as client,
     ):
-        gateway = await s.start_gateway(ledger_only)
+        gateway = await s.start_gateway(*(["--ledger-only"] if ledger_only else []))
 
         a = await s.start_worker("A", work_s=WORK_S)
         claimed = await a.wait_for(r"claimed .*fence=(\d+)")
@@ -149,12 +109,12 @@ async def test_paused_worker_resumed_after_replacement_sends_is_refused(
         assert re.match(r"heartbeat ends: LEASE_(EXPIRED|SUPERSEDED) ", endings[0])
 
         b = await s.start_worker("B", work_s=0.0, wait_s=STEP_TIMEOUT_S)
-        assert await b.exit_code(STEP_TIMEOUT_S) == Exit.SENT, s.stderr_of("worker-B")
+        assert await b.exit_code(STEP_TIMEOUT_S) == Exit.SENT, s.stderr_of(b)
         assert b.has(r"claimed .*fence=2")
         assert b.has(r"send accepted fence=2 send_id=1 status=accepted")
 
         a.signal(signal.SIGCONT)
-        assert await a.exit_code(STEP_TIMEOUT_S) == Exit.REFUSED_LEASE_LOST, s.stderr_of("worker-A")
+        assert await a.exit_code(STEP_TIMEOUT_S) == Exit.REFUSED_LEASE_LOST, s.stderr_of(a)
         assert a.has(r"send REFUSED fence=1 code=ABORTED")
         lost = await a.wait_for(r"LeaseLost reason=(\S+)")
         assert lost.group(1) in {"LEASE_SUPERSEDED", "LEASE_EXPIRED"}
