@@ -6,9 +6,11 @@
     leasekeeper migrate               apply the schema migrations and exit
     leasekeeper leases list [-n NS] [--state STATE]
     leasekeeper leases get TASK_ID [-n NS]
+    leasekeeper effects list TASK_ID [-n NS] [--state STATE]
 
 Settings come from ``LEASEKEEPER_*`` environment variables (see settings.py);
-``leases`` commands talk to a running server at ``--target``.
+``leases`` and ``effects`` commands talk to a running server at ``--target`` and
+print JSON (one object per line for lists).
 """
 
 from __future__ import annotations
@@ -79,22 +81,51 @@ async def _migrate(settings: Settings) -> None:
             embedded.stop()
 
 
-def _lease_dict(info: object) -> dict[str, object]:
-    out = {}
-    for name in (
-        "namespace",
-        "task_id",
-        "owner_id",
-        "fence",
-        "state",
-        "expire_time",
-        "remaining_ttl",
-        "runtime_deadline",
-        "claim_time",
-        "end_reason",
-    ):
-        value = getattr(info, name, None)
-        out[name] = value.isoformat() if isinstance(value, datetime) else value
+LEASE_FIELDS = (
+    "namespace",
+    "task_id",
+    "owner_id",
+    "fence",
+    "state",
+    "expire_time",
+    "remaining_ttl",
+    "runtime_deadline",
+    "claim_time",
+    "end_reason",
+)
+EFFECT_FIELDS = (
+    "namespace",
+    "task_id",
+    "effect_key",
+    "policy",
+    "state",
+    "fence",
+    "complete_fence",
+    "retryable",
+    "attempts",
+    "begin_time",
+    "complete_time",
+    "request_digest",
+    "result",
+)
+
+
+def _as_json(record: object, fields: Sequence[str]) -> dict[str, object]:
+    """The named attributes of a client record, as JSON values.
+
+    Instants become ISO 8601 text; a digest becomes hex; a result becomes
+    UTF-8 text (undecodable bytes as backslash escapes).
+    """
+    out: dict[str, object] = {}
+    for name in fields:
+        value = getattr(record, name, None)
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, bytes):
+            value = (
+                value.hex() if name == "request_digest" else value.decode(errors="backslashreplace")
+            )
+        out[name] = value
     return out
 
 
@@ -104,15 +135,29 @@ async def _leases(args: argparse.Namespace) -> int:
     async with LeaseClient(args.target, namespace=args.namespace) as client:
         try:
             if args.leases_command == "get":
-                print(json.dumps(_lease_dict(await client.get_lease(args.task_id)), indent=2))
+                info = await client.get_lease(args.task_id)
+                print(json.dumps(_as_json(info, LEASE_FIELDS), indent=2))
             else:
                 async for info in client.iter_leases(state=args.state):
-                    print(json.dumps(_lease_dict(info)))
+                    print(json.dumps(_as_json(info, LEASE_FIELDS)))
         except TaskNotFound:
             print(
                 f"task {args.task_id!r} not found in namespace {args.namespace!r}", file=sys.stderr
             )
             return 1
+        except LeaseError as error:  # bad input, server unreachable: one line, no traceback
+            print(f"leasekeeper: {error}", file=sys.stderr)
+            return 2 if error.retryable else 1
+    return 0
+
+
+async def _effects(args: argparse.Namespace) -> int:
+    from leasekeeper import LeaseClient, LeaseError
+
+    async with LeaseClient(args.target, namespace=args.namespace) as client:
+        try:
+            async for record in client.iter_effects(args.task_id, state=args.state):
+                print(json.dumps(_as_json(record, EFFECT_FIELDS)))
         except LeaseError as error:  # bad input, server unreachable: one line, no traceback
             print(f"leasekeeper: {error}", file=sys.stderr)
             return 2 if error.retryable else 1
@@ -135,6 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--state", choices=["FREE", "HELD", "EXPIRED", "COMPLETED"])
     get = sub.add_parser("get", help="show one task", parents=[where])
     get.add_argument("task_id")
+    effects = commands.add_parser("effects", help="inspect a task's effects (effect ledger)")
+    effects_sub = effects.add_subparsers(dest="effects_command", required=True)
+    effects_list = effects_sub.add_parser(
+        "list", help="list a task's effects, by effect_key", parents=[where]
+    )
+    effects_list.add_argument("task_id")
+    effects_list.add_argument("--state", choices=["RESERVED", "SUCCEEDED", "FAILED"])
     return parser
 
 
@@ -146,7 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "leases":
         return asyncio.run(_leases(args))
-    # `leases` needs only the thin client; serve and migrate need the extras.
+    if args.command == "effects":
+        return asyncio.run(_effects(args))
+    # `leases` and `effects` need only the thin client; serve and migrate need the extras.
     try:
         from .settings import Settings
     except ImportError as exc:

@@ -69,3 +69,40 @@ async def test_leases_list_unreachable_server_prints_one_line_exits_2(unused_tcp
     code, _, err = await _cli("leases", "list", "-n", "ns", "--target", target)
     assert code == 2
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+async def test_effects_list_shows_what_was_reserved_by_which_fence(server, stub, namespace):
+    await stub.Claim(pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="w", ttl=dur(30)))
+    for key in ("email", "draft"):
+        await stub.BeginEffect(
+            pb.BeginEffectRequest(
+                namespace=namespace,
+                task_id="t",
+                fence=1,
+                effect_key=key,
+                policy=pb.EFFECT_POLICY_ONCE,
+                request_digest=b"\x01\xff",
+            )
+        )
+    await stub.CompleteEffect(
+        pb.CompleteEffectRequest(
+            namespace=namespace,
+            task_id="t",
+            fence=1,
+            effect_key="email",
+            outcome=pb.EFFECT_STATE_SUCCEEDED,
+            result=b"msg-7",
+        )
+    )
+    where = ("-n", namespace, "--target", server.target)
+    code, out, _ = await _cli("effects", "list", "t", *where)
+    assert code == 0
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert [(x["effect_key"], x["state"], x["fence"]) for x in listed] == [
+        ("draft", "RESERVED", 1),
+        ("email", "SUCCEEDED", 1),
+    ]
+    assert (listed[1]["result"], listed[1]["request_digest"]) == ("msg-7", "01ff")
+    assert listed[1]["complete_fence"] == 1 and listed[0]["complete_time"] is None
+    code, out, _ = await _cli("effects", "list", "t", *where, "--state", "RESERVED")
+    assert [json.loads(line)["effect_key"] for line in out.splitlines()] == ["draft"]
