@@ -9,14 +9,19 @@ its lease HELD (``model.fence_loss``); only then do the rules below apply.
 
 BeginEffect, by the record found (``f`` is the caller's fence):
 
-==========================================  ========  ===============================
+==========================================  ========  =====================================
 record                                      ONCE      LATEST
-==========================================  ========  ===============================
+==========================================  ========  =====================================
 none                                        PROCEED   PROCEED
 FAILED, retryable                           PROCEED   PROCEED
-SUCCEEDED, or FAILED and not retryable      APPLIED   APPLIED if fence = f, else PROCEED
-RESERVED (never confirmed)                  IN_DOUBT  IN_DOUBT if fence = f, else PROCEED
-==========================================  ========  ===============================
+SUCCEEDED, or FAILED and not retryable      APPLIED   APPLIED if f wrote it, else PROCEED
+RESERVED (never confirmed)                  IN_DOUBT  IN_DOUBT if f reserved it, else PROCEED
+==========================================  ========  =====================================
+
+"f wrote it": ``f`` is the newest fence that touched the record, the one that
+reserved it or the one that recorded its outcome (a replacement that
+reconciled an earlier attempt). Under LATEST only a fence newer than both
+supersedes.
 
 A record's policy never changes, and its request_digest changes only when a
 newer fence supersedes a LATEST record: any other mismatch is
@@ -140,7 +145,7 @@ def decide_begin(record: Effect, request: BeginRequest) -> BeginDecision:
         EffectKeyReused: the key was reserved with another policy or digest
             (FAILED_PRECONDITION).
     """
-    newer = request.fence > record.fence
+    newer = request.fence > max(record.fence, record.complete_fence or 0)
     if request.policy is not record.policy:
         raise EffectKeyReused(record, "policy")
     superseding = record.policy is EffectPolicy.LATEST and newer

@@ -151,6 +151,22 @@ async def test_latest_newer_fence_redoes_a_succeeded_effect_the_same_fence_does_
     assert (newer.decision, newer.effect.fence, newer.effect.result) == (PROCEED, 2, b"")
 
 
+async def test_latest_outcome_reconciled_by_the_new_fence_is_already_applied_to_it(
+    stub, namespace, db
+):
+    await h.grant(stub, namespace, "t", "a")
+    await begin(stub, namespace, 1, policy=LATEST)
+    await h.backdate(db, namespace, "t")
+    await h.grant(stub, namespace, "t", "b")
+    await complete(stub, namespace, 2, result=b"found")  # b reconciled a's attempt
+    again = await begin(stub, namespace, 2, policy=LATEST)
+    assert (again.decision, again.effect.attempts, again.effect.result) == (
+        ALREADY_APPLIED,
+        1,
+        b"found",
+    )
+
+
 async def test_latest_same_fence_reservation_is_in_doubt(stub, namespace):
     await h.grant(stub, namespace, "t", "a")
     await begin(stub, namespace, 1, policy=LATEST)

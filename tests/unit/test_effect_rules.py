@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -91,6 +92,15 @@ def test_digest_may_change_only_when_a_newer_fence_supersedes_latest(policy, fen
             decide_begin(record(policy, SUCCEEDED), request)
     else:
         assert decide_begin(record(policy, SUCCEEDED), request) is PROCEED
+
+
+def test_latest_outcome_recorded_by_the_callers_own_fence_is_already_applied():
+    """A replacement (fence 2) that reconciled fence 1's attempt wrote the outcome itself."""
+    reconciled = dataclasses.replace(record(LATEST, SUCCEEDED), complete_fence=2)
+    assert decide_begin(reconciled, BeginRequest(KEY, 2, LATEST, b"d")) is APPLIED
+    with pytest.raises(EffectKeyReused):
+        decide_begin(reconciled, BeginRequest(KEY, 2, LATEST, b"other"))
+    assert decide_begin(reconciled, BeginRequest(KEY, 3, LATEST, b"other")) is PROCEED
 
 
 def test_complete_writes_over_a_reservation_only():

@@ -191,7 +191,8 @@ class LeaseServiceServicer:
         LATEST for the same fence);
         RESERVED                               -> IN_DOUBT (ONCE; and LATEST
         for the same fence);
-        LATEST, recorded by an older fence     -> PROCEED (superseded).
+        LATEST, last reserved or completed by  -> PROCEED (superseded).
+        an older fence
         Of many concurrent calls for one new key, exactly one gets PROCEED. The
         lease must still be live when the decision is written: a call that
         waited for the effect's row past the lease's expiry is refused.
