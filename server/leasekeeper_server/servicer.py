@@ -108,10 +108,8 @@ class LeaseServicer:
         size = validate.page_size(request.page_size)
         after = validate.page_token(request.page_token, s)
         tasks = await self._store.list_tasks(namespace, after, size + 1, state)
-        response = pb.ListLeasesResponse(leases=[convert.lease(t) for t in tasks[:size]])
-        if len(tasks) > size:
-            response.next_page_token = validate.encode_page_token(tasks[size - 1].task_id)
-        return response
+        page, token = validate.split_page(tasks, size, lambda t: t.task_id)
+        return pb.ListLeasesResponse(leases=[convert.lease(t) for t in page], next_page_token=token)
 
     @unary
     async def BeginEffect(
@@ -158,10 +156,10 @@ class LeaseServicer:
         size = validate.page_size(request.page_size)
         after = validate.page_token(request.page_token, s)
         records = await self._ledger.list(task, after, size + 1, state)
-        response = pb.ListEffectsResponse(effects=[convert.effect(r) for r in records[:size]])
-        if len(records) > size:
-            response.next_page_token = validate.encode_page_token(records[size - 1].effect_key)
-        return response
+        page, token = validate.split_page(records, size, lambda r: r.effect_key)
+        return pb.ListEffectsResponse(
+            effects=[convert.effect(r) for r in page], next_page_token=token
+        )
 
     async def Heartbeat(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         """The heartbeat stream; see heartbeat.py."""

@@ -13,9 +13,10 @@ from __future__ import annotations
 import base64
 import binascii
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
@@ -31,6 +32,8 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 _MAX_DURATION_SECONDS = 315_576_000_000  # google.protobuf.Duration's own bound
 MAX_DIGEST_BYTES = 64  # room for SHA-512; SHA-256 is 32
+
+Row = TypeVar("Row")
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +156,16 @@ def page_size(value: int) -> int:
 def encode_page_token(last_task_id: str) -> str:
     """An opaque token naming the last task of a page."""
     return base64.urlsafe_b64encode(last_task_id.encode()).decode()
+
+
+def split_page(rows: list[Row], size: int, key: Callable[[Row], str]) -> tuple[list[Row], str]:
+    """One page of rows fetched as ``size + 1``, and the token of the next page ('' if last).
+
+    The token names the page's last row by ``key`` (keyset pagination).
+    """
+    if len(rows) <= size:
+        return rows, ""
+    return rows[:size], encode_page_token(key(rows[size - 1]))
 
 
 def page_token(value: str, settings: Settings) -> str:
