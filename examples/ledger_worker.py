@@ -58,8 +58,7 @@ import sys
 from typing import Any
 
 import grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
+from worker import add_worker_arguments, error_reason, run_to_exit, say
 
 from leasekeeper import (
     BeginResult,
@@ -70,7 +69,6 @@ from leasekeeper import (
     EffectRecord,
     HeldLease,
     LeaseClient,
-    LeaseError,
     LeaseLost,
     request_digest,
 )
@@ -111,21 +109,6 @@ class Exit(enum.IntEnum):
     """The gateway refused the send while the lease was live: recorded FAILED."""
 
 
-def _say(name: str, text: str) -> None:
-    print(f"worker {name}: {text}", flush=True)
-
-
-def _error_reason(error: grpc.aio.AioRpcError) -> str:
-    """The ErrorInfo reason on a failed call (any domain), or ``-``."""
-    status = rpc_status.from_call(error)
-    for detail in status.details if status is not None else ():
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return info.reason
-    return "-"
-
-
 def _record_text(effect: EffectRecord) -> str:
     return (
         f"state={effect.state} fence={effect.fence} complete_fence={effect.complete_fence} "
@@ -149,7 +132,7 @@ class ReportingLeaseClient(LeaseClient):
         code = error.code.name if error.code is not None else "-"
         text = f"{call} -> REFUSED code={code} reason={error.reason}"
         self.refusals.append(text)
-        _say(self.name, text)
+        say(self.name, text)
 
     async def begin_effect(
         self, task_id: str, fence: int, effect_key: str, **kwargs: Any
@@ -161,7 +144,7 @@ class ReportingLeaseClient(LeaseClient):
         except LeaseLost as error:
             self._refused(call, error)
             raise
-        _say(self.name, f"{call} -> {begun.decision} {_record_text(begun.effect)}")
+        say(self.name, f"{call} -> {begun.decision} {_record_text(begun.effect)}")
         return begun
 
     async def complete_effect(
@@ -174,7 +157,7 @@ class ReportingLeaseClient(LeaseClient):
         except LeaseLost as error:
             self._refused(call, error)
             raise
-        _say(self.name, f"{call} -> recorded {_record_text(effect)}")
+        say(self.name, f"{call} -> recorded {_record_text(effect)}")
         return effect
 
 
@@ -197,7 +180,7 @@ class LedgerWorker:
 
     def say(self, text: str) -> None:
         """Print one event line."""
-        _say(self.name, text)
+        say(self.name, text)
 
     def stop_at(self, step: str) -> None:
         """At the fault point ``step`` (if it is ``--stop-at``): say so, then SIGSTOP."""
@@ -241,7 +224,7 @@ class LedgerWorker:
         try:
             reply = await self._gateway(SEND_METHOD, body, self.args.send_timeout_s)
         except grpc.aio.AioRpcError as error:
-            code, reason = error.code(), _error_reason(error)
+            code, reason = error.code(), error_reason(error)
             if code is grpc.StatusCode.DEADLINE_EXCEEDED:
                 self.say(f"send timed out fence={fence} code={code.name}")
                 raise TimeoutError("the send timed out") from error
@@ -379,27 +362,15 @@ class LedgerWorker:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; the exit code is an :class:`Exit`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--name", default="A", help="the worker's name in its output")
-    parser.add_argument("--target", default="127.0.0.1:9457", help="lease service address")
-    parser.add_argument("--gateway", required=True, help="effect gateway address")
-    parser.add_argument("--namespace", default="demo")
-    parser.add_argument("--task-id", default="contract-summary-r42")
+    add_worker_arguments(parser)
     parser.add_argument("--message", default=None, help="default: 'contract summary for TASK'")
-    parser.add_argument("--ttl-s", type=float, default=2.0, help="lease ttl in seconds")
-    parser.add_argument("--wait-s", type=float, default=None, help="wait this long for the task")
     parser.add_argument("--send-timeout-s", type=float, default=10.0, help="Send's deadline (s)")
     parser.add_argument("--stop-at", choices=STEPS, default=None, help="SIGSTOP at this step")
     parser.add_argument("--lose-reply", type=int, nargs="?", const=1, default=0, metavar="N")
     parser.add_argument("--lose-request", type=int, nargs="?", const=1, default=0, metavar="N")
     parser.add_argument("--retries", type=int, default=1, help="runs again after a timeout")
     args = parser.parse_args(argv)
-    try:
-        code = asyncio.run(LedgerWorker(args).run())
-    except LeaseError as error:
-        _say(args.name, f"error: {error!r}")
-        code = Exit.ERROR
-    _say(args.name, f"exit {int(code)} ({code.name})")
-    return int(code)
+    return run_to_exit(args.name, LedgerWorker(args).run(), Exit.ERROR)
 
 
 if __name__ == "__main__":

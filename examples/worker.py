@@ -16,13 +16,17 @@ import enum
 import json
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from leasekeeper import ClaimTimeout, HeldLease, LeaseClient, LeaseError, LeaseLost
+
+ExitCode = TypeVar("ExitCode", bound=enum.IntEnum)
 
 SEND_METHOD = "/demo.v1.Gateway/Send"
 SEND_TIMEOUT_S = 10.0
@@ -60,11 +64,12 @@ class SendResult:
     text: str
 
 
-def _say(name: str, text: str) -> None:
+def say(name: str, text: str) -> None:
+    """One event line on stdout: ``worker NAME: TEXT``."""
     print(f"worker {name}: {text}", flush=True)
 
 
-def _error_reason(error: grpc.RpcError) -> str:
+def error_reason(error: grpc.RpcError) -> str:
     """The ErrorInfo reason on a failed call (any domain), or ``-``."""
     status = rpc_status.from_call(error)  # type: ignore[arg-type]
     for detail in status.details if status is not None else ():
@@ -96,7 +101,7 @@ def send_message(gateway: str, metadata: tuple[tuple[str, str], ...], message: s
             if error.code() is not grpc.StatusCode.ABORTED:  # type: ignore[attr-defined]
                 raise
             code = error.code().name  # type: ignore[attr-defined]
-            text = f"code={code} reason={_error_reason(error)} detail={error.details()!r}"  # type: ignore[attr-defined]
+            text = f"code={code} reason={error_reason(error)} detail={error.details()!r}"  # type: ignore[attr-defined]
             return SendResult(False, text)
     return SendResult(True, f"send_id={reply['send_id']} status={reply['status']}")
 
@@ -144,17 +149,17 @@ async def run_step(name: str, args: argparse.Namespace, lease: HeldLease, attemp
         if step.done() and not step.cancelled() and step.exception() is None:
             attempt.result = step.result()
             verdict = "accepted" if attempt.result.accepted else "REFUSED"
-            _say(name, f"send {verdict} fence={lease.fence} {attempt.result.text}")
+            say(name, f"send {verdict} fence={lease.fence} {attempt.result.text}")
 
 
 def _report_loss(name: str, lost: LeaseLost) -> None:
     """Print how the client learnt of the loss: the heartbeat's status, or its own deadline."""
     cause = lost.__cause__
     if isinstance(cause, grpc.aio.AioRpcError):
-        _say(name, f"heartbeat stream ended code={cause.code().name} reason={lost.reason}")
+        say(name, f"heartbeat stream ended code={cause.code().name} reason={lost.reason}")
     else:
-        _say(name, "heartbeat stream: no end status read (the trust deadline passed first)")
-    _say(name, f"LeaseLost reason={lost.reason}")
+        say(name, "heartbeat stream: no end status read (the trust deadline passed first)")
+    say(name, f"LeaseLost reason={lost.reason}")
 
 
 async def run(args: argparse.Namespace) -> Exit:
@@ -163,11 +168,11 @@ async def run(args: argparse.Namespace) -> Exit:
     async with LeaseClient(args.target, namespace=args.namespace) as client:
         try:
             async with client.hold(args.task_id, ttl=args.ttl_s, wait=args.wait_s) as lease:
-                _say(name, f"claimed task={args.task_id} fence={lease.fence} ttl_s={args.ttl_s}")
-                _say(name, f"working for {args.work_s} s, then sending")
+                say(name, f"claimed task={args.task_id} fence={lease.fence} ttl_s={args.ttl_s}")
+                say(name, f"working for {args.work_s} s, then sending")
                 await run_step(name, args, lease, attempt)
         except ClaimTimeout as error:
-            _say(name, f"not acquired: {error}")
+            say(name, f"not acquired: {error}")
             return Exit.NOT_ACQUIRED
         except LeaseLost as lost:
             _report_loss(name, lost)
@@ -177,28 +182,38 @@ async def run(args: argparse.Namespace) -> Exit:
     assert attempt.result is not None
     if not attempt.result.accepted:
         return Exit.REFUSED
-    _say(name, "released")
+    say(name, "released")
     return Exit.SENT
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; the exit code is an :class:`Exit`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_worker_arguments(parser)
+    parser.add_argument("--work-s", type=float, default=1.0, help="duration of the work")
+    args = parser.parse_args(argv)
+    return run_to_exit(args.name, run(args), Exit.ERROR)
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every demo worker takes: who it is, where to claim, what to claim."""
     parser.add_argument("--name", default="A", help="the worker's name in its output")
     parser.add_argument("--target", default="127.0.0.1:9457", help="lease service address")
     parser.add_argument("--gateway", required=True, help="effect gateway address")
     parser.add_argument("--namespace", default="demo")
     parser.add_argument("--task-id", default="contract-summary-r42")
     parser.add_argument("--ttl-s", type=float, default=2.0, help="lease ttl in seconds")
-    parser.add_argument("--work-s", type=float, default=1.0, help="duration of the work")
     parser.add_argument("--wait-s", type=float, default=None, help="wait this long for the task")
-    args = parser.parse_args(argv)
+
+
+def run_to_exit(name: str, work: Coroutine[Any, Any, ExitCode], error: ExitCode) -> int:
+    """Run a worker to its exit code; a leasekeeper error is reported as ``error``."""
     try:
-        code = asyncio.run(run(args))
-    except LeaseError as error:
-        _say(args.name, f"error: {error!r}")
-        code = Exit.ERROR
-    _say(args.name, f"exit {int(code)} ({code.name})")
+        code = asyncio.run(work)
+    except LeaseError as failure:
+        say(name, f"error: {failure!r}")
+        code = error
+    say(name, f"exit {int(code)} ({code.name})")
     return int(code)
 
 

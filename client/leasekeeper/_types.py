@@ -365,11 +365,11 @@ def task_state(state: str | None) -> int:
     """
     if state is None:
         return pb.TASK_STATE_UNSPECIFIED
-    name = state.upper().removeprefix("TASK_STATE_")
-    if name not in TASK_STATES:
-        raise InvalidArgument(
-            f"state must be one of {', '.join(TASK_STATES)}, got {state!r}",
-            field_violations=[("state", "unknown task state")],
-            code=None,
-        )
-    return int(pb.TaskState.Value("TASK_STATE_" + name))
+    return _enum_value(
+        state,
+        field="state",
+        names=TASK_STATES,
+        enum=pb.TaskState,
+        prefix="TASK_STATE_",
+        what="task state",
+    )

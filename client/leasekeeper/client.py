@@ -29,6 +29,20 @@ DEFAULT_NAMESPACE = "default"
 DEFAULT_CALL_TIMEOUT_S = 10.0
 
 _Response = TypeVar("_Response")
+_Item = TypeVar("_Item")
+
+
+async def _every_page(
+    fetch: Callable[[str], Awaitable[tuple[list[_Item], str]]],
+) -> AsyncIterator[_Item]:
+    """Every item of a paged listing: ``fetch(page_token)`` until the token comes back empty."""
+    token = ""
+    while True:
+        items, token = await fetch(token)
+        for item in items:
+            yield item
+        if not token:
+            return
 
 
 class LeaseClient:
@@ -327,13 +341,8 @@ class LeaseClient:
             LeaseUnavailable: UNAVAILABLE, on any page.
 
         """
-        token = ""
-        while True:
-            leases, token = await self.list_leases(state, page_size, token)
-            for lease in leases:
-                yield lease
-            if not token:
-                return
+        async for lease in _every_page(lambda token: self.list_leases(state, page_size, token)):
+            yield lease
 
     async def begin_effect(
         self,
@@ -517,13 +526,10 @@ class LeaseClient:
             LeaseUnavailable: UNAVAILABLE, on any page.
 
         """
-        token = ""
-        while True:
-            effects, token = await self.list_effects(task_id, state, page_size, token, namespace)
-            for effect in effects:
-                yield effect
-            if not token:
-                return
+        async for effect in _every_page(
+            lambda token: self.list_effects(task_id, state, page_size, token, namespace)
+        ):
+            yield effect
 
     def hold(
         self,

@@ -135,13 +135,8 @@ def max_runtime(req: pb.ClaimRequest, settings: Settings) -> timedelta:
 
 def task_state_filter(value: int) -> TaskState | None:
     """The ListLeases state filter; unknown enum values are refused."""
-    if value == pb.TASK_STATE_UNSPECIFIED:
-        return None
-    try:
-        name = pb.TaskState.Name(value)
-    except ValueError:
-        raise InvalidArgument("state", f"unknown TaskState value {value}") from None
-    return TaskState(name.removeprefix("TASK_STATE_"))
+    name = _enum_name("state", pb.TaskState, value, "TASK_STATE_")
+    return TaskState(name) if name is not None else None
 
 
 def page_size(value: int) -> int:
