@@ -168,3 +168,13 @@ async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
         yield conn
     finally:
         await conn.close()
+
+
+@pytest.fixture
+async def monitor(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A second direct connection, kept out of transactions, for watching the service wait."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()

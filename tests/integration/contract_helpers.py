@@ -114,6 +114,46 @@ async def wait_for_state(
         await asyncio.sleep(0.02)
 
 
+async def lock_waiters(monitor: asyncpg.Connection) -> int:
+    """How many of the service's statements are waiting for a lock now.
+
+    ``monitor`` must be a connection outside any transaction: pg_stat_activity
+    is a snapshot taken once per transaction.
+    """
+    return await monitor.fetchval(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = 'leasekeeper'"
+        " AND wait_event_type = 'Lock'"
+    )
+
+
+async def wait_for_lock_waiters(monitor: asyncpg.Connection, count: int) -> None:
+    """Polls until at least ``count`` of the service's statements wait for a lock (5 s at most)."""
+    for _ in range(250):
+        if await lock_waiters(monitor) >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"never saw {count} statements waiting on a lock")
+
+
+async def wait_past_expiry(db: asyncpg.Connection, namespace: str, task_id: str) -> None:
+    """Polls the database clock until the task's expire_time has passed (5 s at most).
+
+    Reads the row without locking it, so ``db`` may be the connection holding
+    the row's lock.
+    """
+    for _ in range(250):
+        if await db.fetchval(
+            "SELECT expire_time <= clock_timestamp() FROM leasekeeper_tasks"
+            " WHERE namespace = $1 AND task_id = $2",
+            namespace,
+            task_id,
+        ):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the lease never expired on the database clock")
+
+
 async def backdate(db: asyncpg.Connection, namespace: str, task_id: str) -> None:
     """Makes a HELD lease EXPIRED now, without touching its fence, owner or state.
 

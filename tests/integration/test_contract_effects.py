@@ -305,7 +305,7 @@ async def test_begins_racing_a_release_either_reserve_or_are_refused(stub, names
     assert len(await effect_rows(db, namespace)) == len(proceeded)
 
 
-async def test_begin_waits_for_a_claim_in_flight_and_is_then_refused(stub, namespace, db):
+async def test_begin_waits_for_a_claim_in_flight_and_is_then_refused(stub, namespace, db, monitor):
     """A reservation is decided on the task row's newest version, after its lock."""
     await h.grant(stub, namespace, "t", "a")
     async with db.transaction():
@@ -316,14 +316,14 @@ async def test_begin_waits_for_a_claim_in_flight_and_is_then_refused(stub, names
             namespace,
         )
         pending = asyncio.create_task(begin(stub, namespace, 1))
-        done, _ = await asyncio.wait({pending}, timeout=0.3)
-        assert not done, "BeginEffect decided while the task row was locked"
+        await h.wait_for_lock_waiters(monitor, 1)
+        assert not pending.done(), "BeginEffect decided while the task row was locked"
     error = await h.failure(pending)
     assert (error.code(), h.error_info(error).reason) == (ABORTED, "LEASE_SUPERSEDED")
     assert await effect_rows(db, namespace) == []
 
 
-async def test_begin_reads_the_clock_after_the_row_lock(stub, namespace, db):
+async def test_begin_reads_the_clock_after_the_row_lock(stub, namespace, db, monitor):
     """A lease that expires while BeginEffect waits for the row is judged expired."""
     await h.grant(stub, namespace, "t", "a", ttl_s=0.3)
     async with db.transaction():
@@ -331,14 +331,15 @@ async def test_begin_reads_the_clock_after_the_row_lock(stub, namespace, db):
             "SELECT 1 FROM leasekeeper_tasks WHERE namespace = $1 FOR UPDATE", namespace
         )
         pending = asyncio.create_task(begin(stub, namespace, 1))
-        await asyncio.sleep(0.5)  # hold the lock past the ttl: the subject of the test
+        await h.wait_for_lock_waiters(monitor, 1)
+        await h.wait_past_expiry(db, namespace, "t")  # the lease ends while the call waits
         assert not pending.done()
     await h.expect_error(pending, ABORTED, "LEASE_EXPIRED")
 
 
 @pytest.mark.parametrize("call", ["begin", "complete"])
 async def test_a_lease_that_runs_out_while_waiting_for_the_effect_row_is_refused(
-    stub, namespace, db, call
+    stub, namespace, db, monitor, call
 ):
     """The answer is judged by the transaction's last statement, not by its first."""
     await h.grant(stub, namespace, "t", "a", ttl_s=0.4)
@@ -353,7 +354,8 @@ async def test_a_lease_that_runs_out_while_waiting_for_the_effect_row_is_refused
         pending = asyncio.create_task(
             begin(stub, namespace, 1) if call == "begin" else complete(stub, namespace, 1)
         )
-        await asyncio.sleep(0.6)  # hold the effect row past the ttl: the subject of the test
+        await h.wait_for_lock_waiters(monitor, 1)
+        await h.wait_past_expiry(db, namespace, "t")  # the lease ends while the call waits
         assert not pending.done()
     await h.expect_error(pending, ABORTED, "LEASE_EXPIRED")
     assert await effect_rows(db, namespace) == before

@@ -193,20 +193,24 @@ async def test_heartbeat_malformed_body_invalid_argument_names_request(channel, 
 # --- later messages -----------------------------------------------------------------
 
 
-async def test_heartbeat_later_messages_renew_and_may_leave_lease_unnamed(stub, namespace, db):
-    await grant(stub, namespace, "t", "a")
-    call, _, _, _ = await open_stream(stub, beat(namespace, ttl_s=2.0))
-    try:
-        # Not waiting for expiry: only for the server's minimum renew interval (0.05 s),
-        # so that the beat is answered with a renewal.
-        await asyncio.sleep(0.06)
-        await call.write(pb.HeartbeatRequest(ttl=dur(4.0)))
-        second = await call.read()
-        await asyncio.sleep(0.06)
-        await call.write(pb.HeartbeatRequest())  # the ttl from the earlier message stays
-        third = await call.read()
-    finally:
-        call.cancel()
+async def test_heartbeat_later_messages_renew_and_may_leave_lease_unnamed(
+    database_url, namespace, db
+):
+    # A server without a minimum renew interval: every beat is a renewal, at once.
+    async with (
+        running_server(database_url, min_renew_interval_s=0.0) as server,
+        grpc.aio.insecure_channel(server.target) as channel,
+    ):
+        stub = rpc.LeaseServiceStub(channel)
+        await grant(stub, namespace, "t", "a")
+        call, _, _, _ = await open_stream(stub, beat(namespace, ttl_s=2.0))
+        try:
+            await call.write(pb.HeartbeatRequest(ttl=dur(4.0)))
+            second = await call.read()
+            await call.write(pb.HeartbeatRequest())  # the ttl from the earlier message stays
+            third = await call.read()
+        finally:
+            call.cancel()
 
     assert second.renewed and third.renewed
     assert second.fence == third.fence == 1

@@ -27,7 +27,9 @@ from tests.integration.contract_helpers import (
     secs,
     superseded_then_completed,
     unknown_task,
+    wait_for_lock_waiters,
     wait_for_state,
+    wait_past_expiry,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -121,27 +123,13 @@ async def test_renew_caps_at_runtime_deadline_then_aborts_runtime_exceeded(stub,
     )
 
 
-async def _lock_waiters(monitor: asyncpg.Connection) -> int:
-    return await monitor.fetchval(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE datname = current_database() AND application_name = 'leasekeeper'"
-        " AND wait_event_type = 'Lock'"
-    )
-
-
-async def _until_lock_waiters(monitor: asyncpg.Connection, count: int) -> None:
-    for _ in range(250):
-        if await _lock_waiters(monitor) >= count:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"never saw {count} statements waiting on the row lock")
-
-
-async def _behind_row_lock(db, database_url, namespace, calls, hold_s=1.0) -> list:
-    """Runs ``calls`` (in order) while ``db`` holds the task's row lock for ``hold_s``.
+async def _behind_row_lock(db, database_url, namespace, calls) -> list:
+    """Runs ``calls`` (in order) while ``db`` holds the task's row lock past its expiry.
 
     Each call is started only once the one before it is seen waiting on the
-    lock, so they queue in order. Returns their outcomes (replies or errors).
+    lock, so they queue in order; the lock is let go once the lease's
+    expire_time has passed on the database clock. Returns their outcomes
+    (replies or errors).
     """
     monitor = await asyncpg.connect(database_url)
     try:
@@ -153,8 +141,8 @@ async def _behind_row_lock(db, database_url, namespace, calls, hold_s=1.0) -> li
             started = []
             for number, call in enumerate(calls, start=1):
                 started.append(asyncio.ensure_future(call()))
-                await _until_lock_waiters(monitor, number)
-            await asyncio.sleep(hold_s)  # hold the row lock past the lease's expiry
+                await wait_for_lock_waiters(monitor, number)
+            await wait_past_expiry(db, namespace, "t")
         return await asyncio.gather(*started, return_exceptions=True)
     finally:
         await monitor.close()
@@ -168,7 +156,7 @@ def _reason(outcome) -> str:
 
 # CONTRACT (the clock): a statement that waited on a row lock decides with the
 # clock at the moment it got the row. In each test the row is locked while the
-# lease (ttl 0.5 s) is live, and held for 1 s.
+# lease (ttl 0.5 s) is live, and held until the lease has expired.
 
 
 async def test_renew_that_waited_on_row_lock_past_expiry_aborts_lease_expired(
