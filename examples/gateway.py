@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sqlite3
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -143,6 +144,15 @@ class LookupOutcome:
     count: int
 
 
+class _Duplicate(Exception):
+    """With dedupe: the send was already recorded (rolls the transaction back)."""
+
+    def __init__(self, send_id: int, fence: int) -> None:
+        super().__init__(send_id, fence)
+        self.send_id = send_id
+        self.fence = fence
+
+
 class Ledger:
     """The gateway's own table of sends, and leasekeeper's table of accepted fences.
 
@@ -164,6 +174,23 @@ class Ledger:
         """Close the database file."""
         self._db.close()
 
+    @contextlib.contextmanager
+    def _fenced(self, ref: FenceRef) -> Iterator[sqlite3.Connection]:
+        """One write transaction that first accepts ``ref``'s fence, then runs the block.
+
+        Commits when the block ends normally; rolls back when it raises, and
+        when the fence is refused (FenceRefused is raised on: nothing changed).
+        """
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")  # the write lock first: the check and the write are one
+        try:
+            accept_fence_sqlite(db, ref)
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
     def record_send(self, ref: FenceRef, effect_key: str, message: str) -> SendOutcome:
         """Record one send under ``ref`` unless a higher fence was accepted for its task.
 
@@ -181,27 +208,20 @@ class Ledger:
             The outcome.
 
         """
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
         try:
-            try:
-                accept_fence_sqlite(db, ref)
-            except FenceRefused as refused:
-                db.execute("ROLLBACK")
-                return SendOutcome("refused", None, ref.fence, refused.highest_fence)
-            if self.dedupe:
-                found = db.execute(FIND_SENDS, (ref.namespace, ref.task_id, effect_key)).fetchone()
-                if found is not None:
-                    db.execute("ROLLBACK")
-                    return SendOutcome("duplicate", found[0], ref.fence, found[1])
-            (send_id,) = db.execute(
-                INSERT_SEND, (ref.namespace, ref.task_id, ref.fence, effect_key, message)
-            ).fetchone()
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
+            with self._fenced(ref) as db:
+                if self.dedupe:
+                    found = db.execute(FIND_SENDS, (ref.namespace, ref.task_id, effect_key))
+                    earlier = found.fetchone()
+                    if earlier is not None:
+                        raise _Duplicate(earlier[0], earlier[1])
+                (send_id,) = db.execute(
+                    INSERT_SEND, (ref.namespace, ref.task_id, ref.fence, effect_key, message)
+                ).fetchone()
+        except FenceRefused as refused:
+            return SendOutcome("refused", None, ref.fence, refused.highest_fence)
+        except _Duplicate as duplicate:
+            return SendOutcome("duplicate", duplicate.send_id, ref.fence, duplicate.fence)
         return SendOutcome("accepted", send_id, ref.fence, ref.fence)
 
     def lookup(self, ref: FenceRef, effect_key: str) -> LookupOutcome | None:
@@ -220,20 +240,11 @@ class Ledger:
             fence was accepted for the task (the asker is stale; nothing changed).
 
         """
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
         try:
-            try:
-                accept_fence_sqlite(db, ref)
-            except FenceRefused:
-                db.execute("ROLLBACK")
-                return None
-            rows = db.execute(FIND_SENDS, (ref.namespace, ref.task_id, effect_key)).fetchall()
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
+            with self._fenced(ref) as db:
+                rows = db.execute(FIND_SENDS, (ref.namespace, ref.task_id, effect_key)).fetchall()
+        except FenceRefused:
+            return None
         if not rows:
             return LookupOutcome(False, None, None, None, 0)
         send_id, fence, message = rows[0]
