@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 import grpc
@@ -26,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.conftest import RunningServer, running_server
+from tests.fault.dburl import database_address, proxied
 from tests.fault.proxy import TcpProxy, tcp_proxy
 from tests.helpers import dur, error_info
 
@@ -57,23 +57,6 @@ RECOVER_WITHIN_S = 10.0
 SERVICE = pb.DESCRIPTOR.services_by_name["LeaseService"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def database_address(database_url: str) -> tuple[str, int]:
-    """Where the database listens: host and port, or a Unix socket folder (``?host=/dir``)."""
-    parts = urlsplit(database_url)
-    socket_dir = dict(parse_qsl(parts.query)).get("host", "")
-    host = socket_dir if socket_dir.startswith("/") else parts.hostname or "127.0.0.1"
-    return host, parts.port or 5432
-
-
-def proxied(database_url: str, port: int) -> str:
-    """``database_url`` with its host and port replaced by the proxy's."""
-    parts = urlsplit(database_url)
-    userinfo = parts.netloc.rpartition("@")[0]
-    netloc = f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
-    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "host"])
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 class Harness:

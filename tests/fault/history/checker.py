@@ -1,0 +1,280 @@
+"""Checks a recorded history of the workload against what leasekeeper promises.
+
+Inputs are plain data, so the checker is a pure function that unit tests can
+feed with hand-made histories (``tests/unit/test_history_checker.py``):
+
+* ``events``: what every worker was told, one dict per JSON line written by
+  :mod:`tests.fault.history.worker` (``ev`` names the event);
+* ``faults``: what the workload did to the workers, servers and networks,
+  with monotonic times (``t``, ``until``);
+* ``versions``: every version of every task row, in the order the database
+  wrote them (``history_task_versions``, written by a trigger in the same
+  transaction as the change, instants as microseconds on the database clock);
+* ``tasks``: the task rows at the end; ``applies``: the outside system's record
+  of every effect applied (``history_applies``, in commit order per task);
+  ``effects``: the effect ledger's records at the end.
+
+The properties (each violation is one line naming the evidence):
+
+1. ``fence-order``: per task, fences in the database never decrease, a fence
+   belongs to one owner only, and every fence a worker was granted is that
+   owner's in the database, no higher than the task's final fence (an
+   acknowledged grant is never lost).
+2. ``one-holder``: per task, the lease of each fence ends (its last expire_time,
+   or the instant it was released) no later than the next fence's claim_time:
+   no two owners hold a task at one database instant.
+3. ``validate``: ValidateFence answered valid only at an instant inside its
+   fence's lease (between its claim_time and its end, so before any newer
+   fence).
+4. ``effect-once``: no ONCE effect was applied twice; per task, applies were
+   accepted in non-decreasing fence order (a stale fence never acted after a
+   newer one); the ledger's ONCE records agree with the applies (a SUCCEEDED
+   record names an existing apply; no FAILED record for an applied effect)
+   and every worker that got a ONCE effect's result got the same one.
+5. ``trust``: a worker learnt of every loss by its local trust deadline
+   (within ``tolerance_s``), and never started an apply after its deadline,
+   unless it was paused (SIGSTOP) around that moment: a paused process cannot
+   run its timers, which is what fencing is for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+Row = Mapping[str, Any]
+TERMINAL_STATES = frozenset({"released", "completed", "revoked"})
+
+
+@dataclasses.dataclass
+class LeaseSpan:
+    """One fence's lease on one task as the database recorded it (microseconds)."""
+
+    fence: int
+    owner_id: str
+    claim_us: int
+    end_us: int
+
+
+@dataclasses.dataclass
+class Verdict:
+    """What the checker found: violations (must be empty) and counts."""
+
+    violations: list[str]
+    counts: Counter[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def lease_spans(versions: Iterable[Row]) -> dict[str, list[LeaseSpan]]:
+    """Per task, each fence's lease span, in fence order, from the row versions."""
+    spans: dict[str, dict[int, LeaseSpan]] = defaultdict(dict)
+    for v in versions:
+        task, fence = v["task_id"], v["fence"]
+        span = spans[task].get(fence)
+        if span is None:
+            span = spans[task][fence] = LeaseSpan(fence, v["owner_id"], v["claim_us"], 0)
+        if v["state"] == "held":
+            span.end_us = max(span.end_us, v["expire_us"])
+        elif v["state"] in TERMINAL_STATES and v["expire_us"] is not None:
+            # A release ends the lease at once (the row's expire_time is cut to then).
+            span.end_us = min(span.end_us, v["expire_us"]) if span.end_us else v["expire_us"]
+    return {task: [by_fence[f] for f in sorted(by_fence)] for task, by_fence in spans.items()}
+
+
+def check(
+    events: Sequence[Row],
+    faults: Sequence[Row],
+    versions: Sequence[Row],
+    tasks: Sequence[Row],
+    applies: Sequence[Row],
+    effects: Sequence[Row],
+    *,
+    tolerance_s: float = 0.3,
+) -> Verdict:
+    """Checks one history; see the module docstring for the properties."""
+    out: list[str] = []
+    counts: Counter[str] = Counter()
+    for e in events:
+        counts[f"event.{e['ev']}"] += 1
+    for f in faults:
+        counts[f"fault.{f['kind']}"] += 1
+    spans = lease_spans(versions)
+    _check_fence_order(events, versions, tasks, out)
+    _check_one_holder(spans, out)
+    _check_validate(events, spans, out, counts)
+    _check_effects(events, applies, effects, out, counts)
+    _check_trust(events, faults, tolerance_s, out, counts)
+    counts["grants.database"] = sum(len(s) for s in spans.values())
+    counts["stale_fences_refused"] = (
+        counts["event.apply_refused"] + counts["validate.refused_own_fence"]
+    )
+    counts["violations"] = len(out)
+    return Verdict(out, counts)
+
+
+def _check_fence_order(
+    events: Sequence[Row], versions: Sequence[Row], tasks: Sequence[Row], out: list[str]
+) -> None:
+    owner_of: dict[tuple[str, int], str] = {}
+    last_fence: dict[str, int] = {}
+    for v in versions:
+        task, fence = v["task_id"], v["fence"]
+        if fence < last_fence.get(task, 0):
+            out.append(f"fence-order: {task} went from fence {last_fence[task]} back to {fence}")
+        last_fence[task] = max(fence, last_fence.get(task, 0))
+        known = owner_of.setdefault((task, fence), v["owner_id"])
+        if known != v["owner_id"]:
+            out.append(f"fence-order: {task} fence {fence} given to {known} and {v['owner_id']}")
+    final = {t["task_id"]: t["fence"] for t in tasks}
+    granted: dict[tuple[str, int], str] = {}
+    for e in events:
+        if e["ev"] != "grant":
+            continue
+        task, fence, owner = e["task"], e["fence"], e["owner"]
+        first = granted.setdefault((task, fence), owner)
+        if first != owner:
+            out.append(f"fence-order: workers {first} and {owner} were both granted {task}/{fence}")
+        recorded = owner_of.get((task, fence))
+        if recorded != owner:
+            out.append(
+                f"fence-order: grant {task}/{fence} to {owner} acknowledged but the database "
+                f"has {recorded or 'no such grant'}"
+            )
+        if final.get(task, 0) < fence:
+            out.append(f"fence-order: {task} ends at fence {final.get(task)} below granted {fence}")
+
+
+def _check_one_holder(spans: Mapping[str, list[LeaseSpan]], out: list[str]) -> None:
+    for task, leases in spans.items():
+        for older, newer in itertools.pairwise(leases):
+            if newer.claim_us < older.end_us:
+                out.append(
+                    f"one-holder: {task} fence {newer.fence} ({newer.owner_id}) claimed "
+                    f"{(older.end_us - newer.claim_us) / 1e6:.6f} s before fence {older.fence} "
+                    f"({older.owner_id}) ended"
+                )
+
+
+def _check_validate(
+    events: Sequence[Row],
+    spans: Mapping[str, list[LeaseSpan]],
+    out: list[str],
+    counts: Counter[str],
+) -> None:
+    for e in events:
+        if e["ev"] != "validate":
+            continue
+        if not e["valid"]:
+            counts["validate.refused_own_fence"] += 1
+            continue
+        counts["validate.valid"] += 1
+        span = next((s for s in spans.get(e["task"], []) if s.fence == e["fence"]), None)
+        t = e["db_now_us"]
+        if span is None or not span.claim_us <= t < span.end_us:
+            where = "no such lease" if span is None else f"lease [{span.claim_us}, {span.end_us})"
+            out.append(f"validate: {e['task']}/{e['fence']} valid at {t}, outside its {where}")
+
+
+def _check_effects(
+    events: Sequence[Row],
+    applies: Sequence[Row],
+    effects: Sequence[Row],
+    out: list[str],
+    counts: Counter[str],
+) -> None:
+    applied: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    highest: dict[str, int] = {}
+    for a in applies:
+        task = a["task_id"]
+        applied[(task, a["effect_key"])].append(a)
+        if a["fence"] < highest.get(task, 0):
+            out.append(
+                f"effect-once: {task} apply {a['apply_id']} with fence {a['fence']} accepted "
+                f"after fence {highest[task]}"
+            )
+        highest[task] = max(highest.get(task, 0), a["fence"])
+        counts[f"applies.{a['policy']}"] += 1
+    for (task, key), rows in applied.items():
+        if rows[0]["policy"] == "ONCE" and len(rows) > 1:
+            ids = [r["apply_id"] for r in rows]
+            out.append(f"effect-once: ONCE effect {task}/{key} applied {len(rows)} times: {ids}")
+    apply_ids = {f"apply-{a['apply_id']}": a for a in applies}
+    ledger: dict[tuple[str, str], Row] = {}
+    for r in effects:
+        ledger[(r["task_id"], r["effect_key"])] = r
+        counts[f"ledger.{r['policy']}.{r['state']}"] += 1
+        if r["policy"] != "ONCE":
+            continue
+        done = applied.get((r["task_id"], r["effect_key"]), [])
+        if r["state"] == "succeeded":
+            a = apply_ids.get(r["result"])
+            if a is None or (a["task_id"], a["effect_key"]) != (r["task_id"], r["effect_key"]):
+                out.append(
+                    f"effect-once: ledger says {r['task_id']}/{r['effect_key']} succeeded as "
+                    f"{r['result']!r}, which the outside system does not have"
+                )
+        elif r["state"] == "failed" and done:
+            out.append(
+                f"effect-once: ledger says {r['task_id']}/{r['effect_key']} failed, but it was "
+                f"applied as {[a['apply_id'] for a in done]}"
+            )
+    for e in events:
+        if e["ev"] != "effect" or e["policy"] != "ONCE":
+            continue
+        r = ledger.get((e["task"], e["key"]))
+        if r is None or r["state"] != "succeeded" or r["result"] != e["result"]:
+            out.append(
+                f"effect-once: worker {e['w']} got {e['result']!r} for {e['task']}/{e['key']}, "
+                f"the ledger has {None if r is None else (r['state'], r['result'])}"
+            )
+
+
+def _paused_near(
+    pauses: Mapping[str, list[tuple[float, float]]], worker: str, start: float, end: float
+) -> bool:
+    return any(p0 <= end and p1 >= start for p0, p1 in pauses.get(worker, []))
+
+
+def _check_trust(
+    events: Sequence[Row],
+    faults: Sequence[Row],
+    tolerance_s: float,
+    out: list[str],
+    counts: Counter[str],
+) -> None:
+    pauses: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for f in faults:
+        if f["kind"] == "pause_worker":
+            pauses[f["target"]].append((f["t"], f["until"]))
+    late_max_s = 0.0
+    for e in events:
+        deadline = e.get("deadline")
+        if deadline is None:
+            continue
+        if e["ev"] == "lost":
+            counts[f"lost.{e['reason']}"] += 1
+            late_s = e["lost_t"] - deadline
+            if late_s <= tolerance_s:
+                late_max_s = max(late_max_s, late_s)
+            elif _paused_near(pauses, e["w"], deadline - tolerance_s, e["lost_t"]):
+                counts["lost.late_after_pause"] += 1
+            else:
+                out.append(
+                    f"trust: worker {e['w']} learnt of losing {e['task']}/{e['fence']} "
+                    f"({e['reason']}) {late_s:.3f} s after its trust deadline"
+                )
+        elif e["ev"] == "apply" and (e["lost"] or e["t"] > deadline + tolerance_s):
+            if _paused_near(pauses, e["w"], deadline - tolerance_s, e["t"]):
+                counts["apply.after_pause"] += 1
+            else:
+                out.append(
+                    f"trust: worker {e['w']} started an apply of {e['task']}/{e['fence']} "
+                    f"{e['t'] - deadline:.3f} s after its trust deadline (lost={e['lost']})"
+                )
+    counts["lost.max_late_ms"] = round(late_max_s * 1000)
