@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .app import LeaseServer
     from .settings import Settings
 
 SERVER_EXTRA_HINT = "the service needs its extras: pip install 'leasekeeper[server]'"
@@ -47,13 +48,58 @@ def _configure_logging(level: str) -> None:
     warnings.filterwarnings("ignore", module="platformdirs")
 
 
-async def _serve(settings: Settings) -> None:
-    from .app import LeaseServer, resolve_database
+STARTUP_RETRY_INITIAL_S = 0.2
+STARTUP_RETRY_MAX_S = 5.0
+
+
+async def _start_when_database_answers(settings: Settings, dsn: str) -> LeaseServer | None:
+    """Starts a LeaseServer, retrying while the database is out of reach.
+
+    Each failed attempt is undone (pool, listener) and logged on one line; the
+    wait between attempts doubles from 0.2 s up to 5 s. Gives up after
+    ``settings.startup_wait_s`` seconds.
+
+    Returns:
+        The serving server, or None when the database never answered in time.
+    """
+    from .app import LeaseServer
+    from .errors import DatabaseUnavailable
+
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + settings.startup_wait_s
+    delay_s = STARTUP_RETRY_INITIAL_S
+    while True:
+        server = LeaseServer(settings, dsn)
+        try:
+            await server.start()
+            return server
+        except DatabaseUnavailable as exc:
+            await server.stop(0)
+            left_s = give_up_at - loop.time()
+            if left_s <= 0:
+                log.error(
+                    "database unavailable for %.1f s at start (%s); giving up "
+                    "(LEASEKEEPER_STARTUP_WAIT_S)",
+                    settings.startup_wait_s,
+                    exc,
+                )
+                return None
+            delay_s = min(delay_s, left_s)
+            log.warning("database unavailable at start (%s); retrying in %.1f s", exc, delay_s)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, STARTUP_RETRY_MAX_S)
+
+
+async def _serve(settings: Settings) -> int:
+    from .app import resolve_database
 
     dsn, embedded = resolve_database(settings)
-    server = LeaseServer(settings, dsn)
     try:
-        port = await server.start()
+        server = await _start_when_database_answers(settings, dsn)
+        if server is None:
+            return 1
+        port = server.port
+        assert port is not None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -63,6 +109,7 @@ async def _serve(settings: Settings) -> None:
         await stop.wait()
         log.info("signal received: draining (grace %.1f s)", settings.shutdown_grace_s)
         await server.stop()
+        return 0
     finally:
         if embedded is not None:
             embedded.stop()
@@ -209,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings()
     _configure_logging(settings.log_level)
     if args.command == "serve":
-        asyncio.run(_serve(settings))
+        return asyncio.run(_serve(settings))
     elif args.command == "migrate":
         asyncio.run(_migrate(settings))
     return 0

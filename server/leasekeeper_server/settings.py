@@ -83,6 +83,14 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(
         default=10.0, ge=0, description="How long unary calls may finish after SIGTERM/SIGINT."
     )
+    startup_wait_s: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "How long `serve` keeps trying to reach the database at start (a database "
+            "restarting, a failover settling) before it exits with status 1."
+        ),
+    )
     log_level: str = Field(default="INFO", description="Python logging level.")
 
     @model_validator(mode="after")

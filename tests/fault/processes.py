@@ -140,18 +140,13 @@ def _new_log(log_dir: Path) -> Path:
     return log_dir / f"server-{time.monotonic_ns()}.log"
 
 
-@contextlib.asynccontextmanager
-async def server_process(
-    log_dir: Path,
-    env: Mapping[str, str],
-    prefix: Sequence[str] = (),
-    startup_timeout_s: float = 20.0,
-) -> AsyncIterator[ServerProcess]:
-    """Starts ``[*prefix, leasekeeper, serve]`` and waits until it is SERVING.
+async def spawn_server(
+    log_dir: Path, env: Mapping[str, str], prefix: Sequence[str] = ()
+) -> ServerProcess:
+    """Starts ``[*prefix, leasekeeper, serve]`` without waiting for it to serve.
 
-    The process is killed (SIGKILL to its group) on exit unless it has
-    already ended. Its working directory is ``log_dir``, so no ``.env`` file
-    of the project is read.
+    Its working directory is ``log_dir``, so no ``.env`` file of the project is
+    read. The caller kills it (``ServerProcess.kill``).
     """
     log_path = _new_log(log_dir)
     with log_path.open("wb") as log_file:
@@ -166,7 +161,22 @@ async def server_process(
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
-    server = ServerProcess(proc, log_path)
+    return ServerProcess(proc, log_path)
+
+
+@contextlib.asynccontextmanager
+async def server_process(
+    log_dir: Path,
+    env: Mapping[str, str],
+    prefix: Sequence[str] = (),
+    startup_timeout_s: float = 20.0,
+) -> AsyncIterator[ServerProcess]:
+    """Starts ``[*prefix, leasekeeper, serve]`` and waits until it is SERVING.
+
+    The process is killed (SIGKILL to its group) on exit unless it has
+    already ended.
+    """
+    server = await spawn_server(log_dir, env, prefix)
     try:
         await server.wait_serving(startup_timeout_s)
         yield server
