@@ -31,6 +31,7 @@ from .settings import Settings
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 _MAX_DURATION_SECONDS = 315_576_000_000  # google.protobuf.Duration's own bound
+_NANOS_PER_SECOND = 1_000_000_000
 MAX_DIGEST_BYTES = 64  # room for SHA-512; SHA-256 is 32
 
 Row = TypeVar("Row")
@@ -99,19 +100,36 @@ def duration(field: str, value: duration_pb2.Duration) -> timedelta:
     return converted
 
 
+def bounded_duration(
+    field: str, value: duration_pb2.Duration, low_s: float, high_s: float
+) -> timedelta:
+    """Converts a well-formed Duration that lies in [low_s, high_s] to a timedelta.
+
+    The bounds are compared with the exact value, to the nanosecond: the
+    timedelta keeps microseconds only, and 3600 s + 1 ns must not pass a
+    3600 s bound because its conversion drops the nanosecond.
+    """
+    converted = duration(field, value)
+    exact_ns = value.seconds * _NANOS_PER_SECOND + value.nanos
+    if not round(low_s * _NANOS_PER_SECOND) <= exact_ns <= round(high_s * _NANOS_PER_SECOND):
+        raise InvalidArgument(
+            field, f"must lie in [{low_s:g} s, {high_s:g} s], got {_seconds_text(exact_ns)}"
+        )
+    return converted
+
+
+def _seconds_text(nanos: int) -> str:
+    """A duration in nanoseconds as exact decimal seconds ("3600.000000001 s")."""
+    whole, fraction = divmod(abs(nanos), _NANOS_PER_SECOND)
+    text = f"{whole}.{fraction:09d}".rstrip("0").rstrip(".")
+    return f"{'-' if nanos < 0 else ''}{text} s"
+
+
 def ttl(req: Message, settings: Settings, field: str = "ttl") -> timedelta:
     """The request's ttl, or the default when unset; must lie in [min_ttl, max_ttl]."""
     if not req.HasField(field):
         return timedelta(seconds=settings.default_ttl_s)
-    value = duration(field, getattr(req, field))
-    low, high = timedelta(seconds=settings.min_ttl_s), timedelta(seconds=settings.max_ttl_s)
-    if not low <= value <= high:
-        raise InvalidArgument(
-            field,
-            f"must lie in [{settings.min_ttl_s:g} s, {settings.max_ttl_s:g} s], "
-            f"got {value.total_seconds():g} s",
-        )
-    return value
+    return bounded_duration(field, getattr(req, field), settings.min_ttl_s, settings.max_ttl_s)
 
 
 def max_runtime(req: pb.ClaimRequest, settings: Settings) -> timedelta:
@@ -122,15 +140,9 @@ def max_runtime(req: pb.ClaimRequest, settings: Settings) -> timedelta:
     high = timedelta(seconds=settings.max_runtime_s)
     if not req.HasField("max_runtime"):
         return high
-    value = duration("max_runtime", req.max_runtime)
-    low = timedelta(seconds=settings.min_ttl_s)
-    if not low <= value <= high:
-        raise InvalidArgument(
-            "max_runtime",
-            f"must lie in [{settings.min_ttl_s:g} s, {settings.max_runtime_s:g} s], "
-            f"got {value.total_seconds():g} s",
-        )
-    return value
+    return bounded_duration(
+        "max_runtime", req.max_runtime, settings.min_ttl_s, settings.max_runtime_s
+    )
 
 
 def task_state_filter(value: int) -> TaskState | None:

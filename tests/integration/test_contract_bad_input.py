@@ -170,6 +170,15 @@ CASES = [
     ("Claim", _claim(max_runtime=dur(0.05)), "max_runtime", "claim-max-runtime-below-min-ttl"),
     ("Claim", _claim(max_runtime=_d(0, 999)), "max_runtime", "claim-max-runtime-sub-microsecond"),
     ("Claim", _claim(ttl=_d(0, 1)), "ttl", "claim-ttl-one-nanosecond"),
+    # a nanosecond beyond a bound is beyond it (a conversion to microseconds would hide it)
+    ("Claim", _claim(ttl=_d(3600, 1)), "ttl", "claim-ttl-max-plus-one-nanosecond"),
+    ("Renew", _renew(ttl=_d(3600, 999)), "ttl", "renew-ttl-max-plus-999-nanoseconds"),
+    (
+        "Claim",
+        _claim(max_runtime=_d(86400, 1)),
+        "max_runtime",
+        "claim-max-runtime-max-plus-one-nanosecond",
+    ),
     # enums, pages
     ("ListLeases", _list(state=99), "state", "list-unknown-state"),
     ("ListLeases", _list(state=-1), "state", "list-negative-state"),
