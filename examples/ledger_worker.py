@@ -331,7 +331,9 @@ class LedgerWorker:
     async def run(self) -> Exit:
         """Claim, run the effect, release; returns the outcome's exit code."""
         args = self.args
-        client = ReportingLeaseClient(self.name, args.target, namespace=args.namespace)
+        client = ReportingLeaseClient(
+            self.name, args.target, namespace=args.namespace, owner_id=args.owner_id
+        )
         async with client, grpc.aio.insecure_channel(args.gateway) as channel:
             self._channel = channel
             lost: LeaseLost | None = None

@@ -157,6 +157,10 @@ def _report_loss(name: str, lost: LeaseLost) -> None:
     cause = lost.__cause__
     if isinstance(cause, grpc.aio.AioRpcError):
         say(name, f"heartbeat stream ended code={cause.code().name} reason={lost.reason}")
+    elif lost.reason != "LEASE_EXPIRED" and lost.code is not None:
+        # Only the server names other reasons; hold() chains the error to the
+        # cancellation of the body, so the stream's status is not the cause here.
+        say(name, f"heartbeat stream ended code={lost.code.name} reason={lost.reason}")
     else:
         say(name, "heartbeat stream: no end status read (the trust deadline passed first)")
     say(name, f"LeaseLost reason={lost.reason}")
@@ -165,7 +169,7 @@ def _report_loss(name: str, lost: LeaseLost) -> None:
 async def run(args: argparse.Namespace) -> Exit:
     """Claim, work, send, release; returns the outcome's exit code."""
     name, attempt = args.name, Attempt()
-    async with LeaseClient(args.target, namespace=args.namespace) as client:
+    async with LeaseClient(args.target, namespace=args.namespace, owner_id=args.owner_id) as client:
         try:
             async with client.hold(args.task_id, ttl=args.ttl_s, wait=args.wait_s) as lease:
                 say(name, f"claimed task={args.task_id} fence={lease.fence} ttl_s={args.ttl_s}")
@@ -204,6 +208,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task-id", default="contract-summary-r42")
     parser.add_argument("--ttl-s", type=float, default=2.0, help="lease ttl in seconds")
     parser.add_argument("--wait-s", type=float, default=None, help="wait this long for the task")
+    parser.add_argument(
+        "--owner-id",
+        default=None,
+        help="an explicit owner id, reused across restarts (a pod name); default: a fresh one",
+    )
 
 
 def run_to_exit(name: str, work: Coroutine[Any, Any, ExitCode], error: ExitCode) -> int:

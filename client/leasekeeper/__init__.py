@@ -24,7 +24,7 @@ Durations are float seconds (or ``timedelta`` on input); instants are UTC
 ``datetime`` on the database clock.
 """
 
-from ._owner import new_owner_id
+from ._owner import new_owner_id, new_request_id
 from ._types import BeginResult, ClaimResult, EffectRecord, FenceCheck, LeaseInfo
 from .client import LeaseClient
 from .effects import EffectOutcome, EffectRunner, request_digest
@@ -95,5 +95,6 @@ __all__ = [
     "TaskNotFound",
     "fence_from_metadata",
     "new_owner_id",
+    "new_request_id",
     "request_digest",
 ]

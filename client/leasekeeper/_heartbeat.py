@@ -9,7 +9,8 @@ order, each moving the :class:`~leasekeeper._trust.TrustWindow`). Outcomes:
   stream looks (a black-holed network): lost with ``LEASE_EXPIRED``;
 * UNAVAILABLE, a broken or stalled stream, an unexpected end: reopen the stream
   on the same channel (possibly another replica) with the same fence, with
-  backoff, for as long as the trust deadline allows;
+  backoff, for as long as the trust deadline allows; meanwhile
+  ``renewal_error`` says why, until a renewal is confirmed again;
 * another error the server will repeat (INVALID_ARGUMENT, ...): lost, with that
   reason;
 * stop(): half-close, the server ends the stream OK; the lease stays HELD.
@@ -92,6 +93,8 @@ class HeartbeatKeeper:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.lost: LeaseLost | None = None
+        self.renewal_error: LeaseError | None = None
+        """Why the last stream failed, while no renewal has been confirmed since."""
         self.streams_opened = 0
 
     @property
@@ -150,8 +153,12 @@ class HeartbeatKeeper:
                     self._lose(self._lost_error(error.reason or _code_name(error), error))
                     return
                 logger.info("heartbeat stream for %s failed: %s", self._task_name(), error)
+                self.renewal_error = error
             except _StreamStalled:
                 logger.info("heartbeat stream for %s stalled; reopening", self._task_name())
+                self.renewal_error = LeaseError(
+                    f"heartbeat stream stalled: a beat unanswered for {STALL_INTERVALS} intervals"
+                )
             except Exception as error:
                 logger.exception("heartbeat for %s failed", self._task_name())
                 self._lose(self._lost_error("INTERNAL", error))
@@ -160,6 +167,7 @@ class HeartbeatKeeper:
                 if clean:
                     return
                 logger.info("heartbeat stream for %s ended early; reopening", self._task_name())
+                self.renewal_error = LeaseError("heartbeat stream ended before it was stopped")
             delay_s = min(self._backoff.next_delay_s(), max(self._window.remaining_s(), 0.0))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay_s)
@@ -244,6 +252,8 @@ class HeartbeatKeeper:
             self._window.confirm(
                 send_time, response.remaining_ttl.ToNanoseconds() / 1e9, renewed=response.renewed
             )
+            if response.renewed:
+                self.renewal_error = None
             self._backoff.reset()
 
 

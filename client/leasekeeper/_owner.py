@@ -1,10 +1,17 @@
-"""Owner ids: one per worker incarnation, never shared by two processes.
+"""Owner ids (one per worker incarnation) and request ids (one per logical claim).
 
-The contract says two processes must never share an ``owner_id``: a server that
-sees the same owner claim a task it already holds hands the *same* lease back
-(a retried claim whose reply was lost). A child made by ``fork()`` that kept
-its parent's id would therefore silently share the parent's leases. Every
-default owner id is tracked here and replaced in the child right after a fork.
+The contract says two processes must never share an ``owner_id``. A server
+that sees the owner of a live lease claim the task again must tell a retry of
+the claim whose reply was lost (hand the *same* lease back) from a new
+incarnation of the owner, such as a restarted process that reuses an explicit
+owner id (grant a new fence, so that the old incarnation's fence stops being
+valid). The request id tells them apart: one per logical claim, sent again
+unchanged with every retry of it (AIP-155). A claim without one gets the same
+lease back, as before request ids existed.
+
+A child made by ``fork()`` that kept its parent's owner id would share the
+parent's leases. Every default owner id is tracked here and replaced in the
+child right after a fork.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import uuid
 import weakref
 
 _ID_RANDOM_BYTES = 8
@@ -31,6 +39,20 @@ def new_owner_id() -> str:
     """
     host = socket.gethostname().split(".", 1)[0] or "host"
     return f"{host[:64]}-{os.getpid()}-{secrets.token_hex(_ID_RANDOM_BYTES)}"
+
+
+def new_request_id() -> str:
+    """Make a fresh request id for one logical claim: a UUID4 string (36 ASCII characters).
+
+    Send it with the claim and again, unchanged, with every retry of that claim:
+    a retry then gets the same lease back, while a claim with a new request id
+    by the owner of a live lease is a new incarnation and gets a new fence.
+
+    Returns:
+        The request id, e.g. ``"1b4e28ba-2fa1-41d2-883f-0016d3cca427"``.
+
+    """
+    return str(uuid.uuid4())
 
 
 class OwnerIdentity:

@@ -64,6 +64,8 @@ class ClaimResult:
         send_time: The client clock (``time.monotonic`` by default) when the request
             was sent; the trust deadline is measured from it.
         holder_expire_time: When not acquired: the holder's expire_time (UTC), if sent.
+        request_id: The request id the claim was sent with (pass it again to
+            retry this claim); empty when it was sent without one.
     """
 
     acquired: bool
@@ -71,6 +73,7 @@ class ClaimResult:
     holder_remaining_ttl: float | None
     send_time: float
     holder_expire_time: datetime | None = None
+    request_id: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -230,8 +233,11 @@ def lease_info(message: pb.Lease) -> LeaseInfo:
     )
 
 
-def claim_result(message: pb.ClaimResponse, send_time: float) -> ClaimResult:
-    """Convert a ``ClaimResponse``; ``send_time`` is the client clock at sending."""
+def claim_result(message: pb.ClaimResponse, send_time: float, request_id: str = "") -> ClaimResult:
+    """Convert a ``ClaimResponse``; ``send_time`` is the client clock at sending.
+
+    ``request_id`` is the one the claim was sent with (empty for none).
+    """
     acquired = message.acquired
     return ClaimResult(
         acquired=acquired,
@@ -243,6 +249,7 @@ def claim_result(message: pb.ClaimResponse, send_time: float) -> ClaimResult:
         ),
         send_time=send_time,
         holder_expire_time=None if acquired else _instant(message, "holder_expire_time"),
+        request_id=request_id,
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from . import _types
-from ._owner import OwnerIdentity
+from ._owner import OwnerIdentity, new_request_id
 from ._trust import Clock
 from ._types import BeginResult, ClaimResult, EffectRecord, FenceCheck, LeaseInfo, Seconds
 from .errors import InvalidArgument, from_rpc_error
@@ -72,11 +72,17 @@ class LeaseClient:
 
         Args:
             target: The server address (``host:port``, any gRPC target); unused
-                when ``channel`` is given.
+                when ``channel`` is given. Replicas may be listed, e.g.
+                ``"ipv4:10.0.0.1:9457,10.0.0.2:9457"``: the channel uses the first
+                that answers and moves to the next when it goes away, and the
+                heartbeat resumes there with the same fence.
             namespace: The namespace of every task named by this client.
             owner_id: This worker incarnation's owner id. None (recommended):
                 a fresh :func:`~leasekeeper.new_owner_id`, regenerated in a
-                forked child. An explicit id must never be used by two processes.
+                forked child. An explicit id must never be used by two live
+                processes at once. Reusing it after a restart (a pod name) is
+                safe: every claim carries a request id, so the restarted
+                process gets a new fence and its predecessor's fence is refused.
             channel: A ``grpc.aio`` channel to use; the caller keeps ownership
                 (``close()`` does not close it). None: an insecure channel to
                 ``target``, owned and closed by the client.
@@ -163,13 +169,29 @@ class LeaseClient:
             raise from_rpc_error(error, task_id=task_id, fence=fence) from error
 
     async def claim(
-        self, task_id: str, ttl: Seconds | None = 30.0, max_runtime: Seconds | None = None
+        self,
+        task_id: str,
+        ttl: Seconds | None = 30.0,
+        max_runtime: Seconds | None = None,
+        *,
+        request_id: str | None = None,
     ) -> ClaimResult:
         """Claim a task for this owner. One atomic decision on the database clock.
 
         FREE or EXPIRED: granted with a fence one higher than the last. HELD by
-        this owner: the same lease back (a retried claim is safe). HELD by
-        another owner: ``acquired=False`` and the holder's remaining ttl.
+        another owner: ``acquired=False`` and the holder's remaining ttl. HELD by
+        this owner: with the ``request_id`` of the claim that granted it, the
+        same lease back (a retry whose reply was lost); with another request id,
+        a new incarnation of this owner: a new lease with the next fence, and
+        the earlier fence is superseded (its heartbeat ends LEASE_SUPERSEDED).
+
+        This method sends the request once and never retries on its own. Each
+        call is a new logical claim unless it is given the request id of an
+        earlier one: to retry a claim whose outcome is unknown (UNAVAILABLE,
+        DEADLINE_EXCEEDED), call again with the same ``request_id`` (make it
+        with :func:`~leasekeeper.new_request_id` before the first attempt, or
+        take it from the ``ClaimResult`` of a claim that answered). ``hold()``
+        does this for you.
 
         Args:
             task_id: The task (1-256 bytes UTF-8 by default, no control characters).
@@ -177,28 +199,37 @@ class LeaseClient:
                 ``[min_ttl, max_ttl]``; None for the server's default.
             max_runtime: Runtime budget from the grant in seconds; no renewal
                 reaches past it. None: the server's maximum.
+            request_id: Names this logical claim (AIP-155); the same rules as
+                ids (1-256 bytes UTF-8 by default, no control characters). None:
+                a fresh :func:`~leasekeeper.new_request_id`. ``""``: no request id
+                (the behaviour of clients older than request ids: a claim by the
+                owner of a live lease always gets that lease back).
 
         Returns:
-            The outcome; ``send_time`` is this client's clock when the request left.
+            The outcome; ``send_time`` is this client's clock when the request
+            left, ``request_id`` the request id it carried.
 
         Raises:
             TaskCompleted: FAILED_PRECONDITION, the task is terminal.
             InvalidArgument: INVALID_ARGUMENT (or raised locally for a non-finite duration).
-            LeaseUnavailable: UNAVAILABLE; safe to retry.
-            LeaseError: Any other status (e.g. DEADLINE_EXCEEDED: outcome unknown,
-                a retried claim returns the same lease).
+            LeaseUnavailable: UNAVAILABLE; retry with the same ``request_id``.
+            LeaseError: Any other status (e.g. DEADLINE_EXCEEDED: outcome unknown;
+                a retry with the same ``request_id`` returns the same lease).
 
         """
+        if request_id is None:
+            request_id = new_request_id()
         request = pb.ClaimRequest(
             namespace=self._namespace,
             task_id=task_id,
             owner_id=self.owner_id,
             ttl=_types.to_duration(ttl, "ttl"),
             max_runtime=_types.to_duration(max_runtime, "max_runtime"),
+            request_id=request_id,
         )
         send_time = self._clock()
         response = await self._call(self.stub.Claim, request, task_id=task_id)
-        return _types.claim_result(response, send_time)
+        return _types.claim_result(response, send_time, request_id)
 
     async def renew(self, task_id: str, fence: int, ttl: Seconds | None = None) -> LeaseInfo:
         """Renew a live lease: ``expire_time = least(db now + ttl, runtime_deadline)``.
@@ -562,8 +593,9 @@ class LeaseClient:
         Returns:
             An async context manager; it raises, from ``async with``:
             NotAcquired (``wait`` None) or ClaimTimeout when not acquired;
-            TaskCompleted (FAILED_PRECONDITION); LeaseUnavailable (UNAVAILABLE,
-            after retrying within ``wait``); InvalidArgument; and LeaseLost when
+            TaskCompleted (FAILED_PRECONDITION); LeaseUnavailable (UNAVAILABLE)
+            or LeaseError (DEADLINE_EXCEEDED), after retrying within ``wait``
+            with the same request id; InvalidArgument; and LeaseLost when
             ownership is lost while the block runs.
 
         """

@@ -29,8 +29,11 @@ import logging
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+import grpc
+
 from ._backoff import Backoff
 from ._heartbeat import HeartbeatKeeper
+from ._owner import new_request_id
 from ._trust import TrustWindow, default_safety_margin
 from ._types import ClaimResult, LeaseInfo, to_duration
 from .effects import EffectRunner, Reconcile
@@ -38,7 +41,6 @@ from .errors import (
     ClaimTimeout,
     LeaseError,
     LeaseLost,
-    LeaseUnavailable,
     NotAcquired,
 )
 from .fencing import FenceRef
@@ -61,6 +63,8 @@ _NOT_OURS = frozenset(
         "FENCE_UNKNOWN",
     }
 )
+# A claim that ended with one of these may be tried again with the same request id.
+_CLAIM_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 MIN_BEAT_INTERVAL_S = 0.01
 CLAIM_BACKOFF_INITIAL_S = 0.05
 CLAIM_BACKOFF_MAX_S = 2.0
@@ -204,6 +208,24 @@ class HeldLease:
         """Seconds left until the trust deadline on the client's monotonic clock (>= 0)."""
         return max(self._window.remaining_s(), 0.0)
 
+    @property
+    def renewal_error(self) -> LeaseError | None:
+        """Why renewals are not being confirmed now, or None while they are.
+
+        Set as soon as a heartbeat stream fails without a loss: ``LeaseUnavailable``
+        when the server ends it UNAVAILABLE (reason ``DATABASE_UNAVAILABLE``: the
+        database is out of reach or refuses writes; ``SHUTTING_DOWN``: the replica
+        is stopping), another transient status, or a stream that stalled or ended
+        early. Cleared by the next confirmed renewal.
+
+        It is not a loss: the lease stays HELD in the database until its
+        expire_time, and the heartbeat keeps resuming it with the same fence (on
+        whichever replica answers) until the trust deadline; only then is the
+        lease lost and the block cancelled. A holder that would rather not start
+        a step it cannot finish within :meth:`remaining_s` checks it between steps.
+        """
+        return self._keeper.renewal_error if self._keeper is not None else None
+
     async def complete(self) -> LeaseInfo:
         """Mark the task COMPLETED now (release with ``complete=True``), then stop the heartbeat.
 
@@ -281,12 +303,17 @@ class LeaseHold:
       retries with exponential backoff and full jitter (never sleeping past the
       holder's remaining ttl) until ``wait_s`` seconds have passed, then raises
       ``ClaimTimeout``; with ``wait_s`` None raises ``NotAcquired`` at once;
-    * UNAVAILABLE is retried the same way within ``wait_s`` (a retried claim is
-      safe: the same owner gets the same lease back), else raised as
-      ``LeaseUnavailable``; ``TaskCompleted`` and ``InvalidArgument`` are raised;
+    * UNAVAILABLE and DEADLINE_EXCEEDED (the outcome of a claim is then
+      unknown: it may have been granted, its reply lost) are retried the same
+      way within ``wait_s``, else raised (``LeaseUnavailable``, ``LeaseError``).
+      Every attempt of one acquisition carries the same request id, so a retry
+      of a claim that was granted gets that same lease and fence back, on
+      whichever replica it lands; ``TaskCompleted`` and ``InvalidArgument`` are
+      raised;
     * a second ``hold()`` of the same task on the same client counts as "held by
-      another owner" until the first exits (the server cannot tell them apart:
-      both are this client's owner id).
+      another owner" until the first exits, without asking the server (both
+      are this client's owner id: the server would take the second claim, with
+      its own request id, for a new incarnation and supersede the first).
 
     The trust safety margin defaults to ``min(1 s, ttl / 10)``; beats go every
     ttl / 3. With ``ttl_s`` None (the server's default ttl) the granted
@@ -395,14 +422,20 @@ class LeaseHold:
         client, clock = self._client, self._client.clock
         deadline = None if self._wait_s is None else clock() + self._wait_s
         backoff = Backoff(CLAIM_BACKOFF_INITIAL_S, CLAIM_BACKOFF_MAX_S)
+        # One logical claim, however many attempts: a retry of an attempt that was
+        # granted (reply lost) gets that lease back instead of superseding it.
+        request_id = new_request_id()
         while True:
             hint_s: float | None = None
             if client._mark_held(self._task_id):
                 try:
-                    result = await client.claim(self._task_id, self._ttl_s, self._max_runtime_s)
-                except LeaseUnavailable:
+                    result = await client.claim(
+                        self._task_id, self._ttl_s, self._max_runtime_s, request_id=request_id
+                    )
+                except LeaseError as error:
                     client._unmark_held(self._task_id)
-                    if deadline is None or clock() >= deadline:
+                    unknown = error.code in _CLAIM_RETRY_CODES
+                    if not unknown or deadline is None or clock() >= deadline:
                         raise
                 except BaseException:
                     client._unmark_held(self._task_id)

@@ -17,13 +17,18 @@ completed               COMPLETED: terminal, no fence is ever valid
 
 Transitions (each one SQL statement in ``sql/queries.sql``):
 
-* claim: new, FREE or EXPIRED -> HELD with fence + 1.
+* claim: new, FREE or EXPIRED -> HELD with fence + 1. HELD by the claiming
+  owner: a claim under another request id (a new incarnation of the owner)
+  -> HELD with fence + 1, superseding the earlier fence; the same request id,
+  or none -> unchanged (a retry gets the same lease back).
 * renew: HELD by (owner, fence) -> HELD with a later expire_time, never past
   the runtime deadline; an EXPIRED lease is never revived.
 * release: HELD or EXPIRED by (owner, fence) -> FREE, or COMPLETED.
 
-A fence grows by exactly 1 per grant and is never reused, so "fence below the
-current one" means the lease was superseded, whatever happened since.
+A fence grows by exactly 1 per grant on one database timeline, jumps above
+every earlier timeline's fences after a promotion (the timeline floor of
+``migrations/0003_fence_timeline.sql``), and is never reused, so "fence below
+the current one" means the lease was superseded, whatever happened since.
 
 This module is pure: no grpc, no asyncpg, no clock of its own.
 """
@@ -80,6 +85,8 @@ class Task:
 
     Attributes:
         row_state: the stored state: 'held', 'released', 'revoked' or 'completed'.
+        claim_request_id: the request id of the claim that granted the current
+            fence, or None when that claim carried none.
         db_now: ``clock_timestamp()`` of the statement that produced the row.
     """
 
@@ -92,7 +99,18 @@ class Task:
     runtime_deadline: datetime
     claim_time: datetime
     end_reason: str | None
+    claim_request_id: str | None
     db_now: datetime
+
+    def is_claim_of(self, owner_id: str, request_id: str | None) -> bool:
+        """True when a claim by ``owner_id`` with ``request_id`` is a retry of this lease's claim.
+
+        The same owner, and either the same request id or none at all (a client
+        without request ids cannot tell a retry from a new incarnation).
+        """
+        if self.owner_id != owner_id:
+            return False
+        return request_id is None or request_id == self.claim_request_id
 
     @property
     def state(self) -> TaskState:

@@ -45,7 +45,8 @@ class LeaseServicer:
         owner_id = validate.identifier("owner_id", request.owner_id, s.max_id_bytes)
         ttl = validate.ttl(request, s)
         max_runtime = validate.max_runtime(request, s)
-        outcome = await self._store.claim(key, owner_id, ttl, max_runtime)
+        request_id = validate.request_id(request.request_id, s.max_id_bytes)
+        outcome = await self._store.claim(key, owner_id, ttl, max_runtime, request_id)
         if outcome.acquired:
             return pb.ClaimResponse(acquired=True, lease=convert.lease(outcome.task))
         response = pb.ClaimResponse(acquired=False)

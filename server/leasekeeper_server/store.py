@@ -84,6 +84,7 @@ def task_from_row(row: asyncpg.Record) -> Task:
         runtime_deadline=row["runtime_deadline"],
         claim_time=row["claim_time"],
         end_reason=row["end_reason"],
+        claim_request_id=row["claim_request_id"],
         db_now=row["db_now"],
     )
 
@@ -175,7 +176,12 @@ class Store:
         return task_from_row(row) if row is not None else None
 
     async def claim(
-        self, key: TaskKey, owner_id: str, ttl: timedelta, max_runtime: timedelta
+        self,
+        key: TaskKey,
+        owner_id: str,
+        ttl: timedelta,
+        max_runtime: timedelta,
+        request_id: str | None = None,
     ) -> ClaimOutcome:
         """Claims a task; atomic, decided on the database clock.
 
@@ -184,12 +190,16 @@ class Store:
             owner_id: the claiming owner incarnation.
             ttl: lease length (clamped to ``max_runtime``).
             max_runtime: runtime budget from the grant.
+            request_id: names this logical claim (AIP-155); None for none.
 
         Returns:
-            acquired=True with the new lease (fence + 1) for a new, FREE or
-            EXPIRED task, or the caller's own live lease unchanged (a retried
-            claim); acquired=False with the holder's lease when another owner
-            holds it.
+            acquired=True with a new lease (fence + 1) for a new, FREE or
+            EXPIRED task, or for a task this owner holds under another
+            request id (a new incarnation; the earlier fence is superseded);
+            acquired=True with the caller's own live lease unchanged for a
+            retry (the same request id, or none); acquired=False with the
+            holder's lease when another owner (or another incarnation of this
+            one, granted after this claim was decided) holds it.
 
         Raises:
             TaskCompleted: the task is COMPLETED (FAILED_PRECONDITION).
@@ -200,7 +210,7 @@ class Store:
         # commit by some other call).
         for _ in range(8):
             row = await self._fetchrow(
-                "claim", key.namespace, key.task_id, owner_id, ttl, max_runtime
+                "claim", key.namespace, key.task_id, owner_id, ttl, max_runtime, request_id
             )
             if row is not None:
                 return ClaimOutcome(True, task_from_row(row))
@@ -211,7 +221,7 @@ class Store:
             if state is TaskState.COMPLETED:
                 raise TaskCompleted(task.fence)
             if state is TaskState.HELD:
-                return ClaimOutcome(task.owner_id == owner_id, task)
+                return ClaimOutcome(task.is_claim_of(owner_id, request_id), task)
         raise DatabaseUnavailable("claim did not settle; try again")
 
     async def renew(self, ref: LeaseRef, ttl: timedelta) -> Task:

@@ -3,9 +3,10 @@
 Every check raises :class:`~leasekeeper_server.errors.InvalidArgument` naming
 the field (INVALID_ARGUMENT for the caller) before anything is read or
 written. The rules are CONTRACT.md's "Bad input": ids are 1..max_id_bytes
-bytes of UTF-8 without control characters, compared byte for byte; ttls lie
-in [min_ttl, max_ttl] (unset means the default); fences are >= 1; enum values
-must be known; page sizes at most 1000.
+bytes of UTF-8 without control characters, compared byte for byte (a claim's
+request_id too, when set; empty means none); ttls lie in [min_ttl, max_ttl]
+(unset means the default); fences are >= 1; enum values must be known; page
+sizes at most 1000.
 """
 
 from __future__ import annotations
@@ -57,6 +58,19 @@ def identifier(field: str, value: str, max_bytes: int) -> str:
         if unicodedata.category(ch) in ("Cc", "Cs"):
             raise InvalidArgument(field, f"contains control character U+{ord(ch):04X}")
     return value
+
+
+def request_id(value: str, max_bytes: int) -> str | None:
+    """Checks a claim's ``request_id``: empty means none, else the rules of an id.
+
+    Returns:
+        The request id, or None when the request carries none.
+
+    Raises:
+        InvalidArgument: (INVALID_ARGUMENT, field ``request_id``) over ``max_bytes``
+            bytes of UTF-8, or a control character or NUL in it.
+    """
+    return identifier("request_id", value, max_bytes) if value else None
 
 
 def task_key(req: Message, settings: Settings) -> TaskKey:

@@ -133,6 +133,15 @@ CASES = [
     ("Claim", _claim(namespace="ns\x1b"), "namespace", "claim-escape-namespace"),
     ("Claim", _claim(task_id="\x7f"), "task_id", "claim-del-task-id"),
     ("Claim", _claim(task_id="a\u0085"), "task_id", "claim-c1-control-task-id"),
+    ("Claim", _claim(request_id=LONG_ID), "request_id", "claim-257-byte-request-id"),
+    ("Claim", _claim(request_id="r\x00"), "request_id", "claim-nul-request-id"),
+    # by the live owner of "t": a valid request_id would supersede its lease
+    (
+        "Claim",
+        _claim(task_id="t", owner_id="a", request_id="r\n"),
+        "request_id",
+        "claim-newline-request-id",
+    ),
     ("Renew", _renew(task_id=""), "task_id", "renew-empty-task-id"),
     ("Renew", _renew(owner_id="a\x00"), "owner_id", "renew-nul-owner-id"),
     ("Release", _release(namespace=LONG_ID), "namespace", "release-257-byte-namespace"),

@@ -298,6 +298,26 @@ async def test_hold_unavailable_stream_reopens_with_same_fence(server, client):
     assert len(server.claims) == 1
 
 
+async def test_hold_unavailable_stream_sets_renewal_error_until_next_renewal(server, client):
+    server.granted_ttl_s = 1.0  # beats every 0.33 s, trust deadline 0.9 s after a renewal
+    async with client.hold("t1", ttl=1.0) as lease:
+        await poll(lambda: server.streams and server.streams[0].requests)
+        assert lease.renewal_error is None
+        server.silent = True  # the reopened stream is not answered at first
+        server.streams[0].end(rpc_error(grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE"))
+        await poll(lambda: lease.renewal_error is not None)
+        error = lease.renewal_error
+        assert isinstance(error, LeaseUnavailable) and error.reason == "DATABASE_UNAVAILABLE"
+        assert not lease.lost
+        await poll(lambda: len(server.streams) >= 2)  # resumed, not yet answered
+        assert lease.renewal_error is error
+        server.silent = False
+        await poll(lambda: lease.renewal_error is None)
+        assert not lease.lost
+    assert {call.requests[0].fence for call in server.streams} == {1}
+    assert len(server.claims) == 1
+
+
 async def test_hold_heartbeat_invalid_argument_is_a_loss(server, client):
     server.stream_script.append(rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"))
     with pytest.raises(LeaseLost) as caught:

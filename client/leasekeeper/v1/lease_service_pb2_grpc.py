@@ -94,10 +94,14 @@ class LeaseServiceServicer:
     def Claim(self, request, context):
         """Claims a task for owner_id. Atomic; decided on the database clock.
 
-        FREE or EXPIRED task: granted with fence = previous fence + 1.
-        HELD by the same owner: the same lease back, no new fence (a retried
-        claim whose reply was lost). HELD by another owner: OK with
-        acquired=false and the holder's remaining ttl.
+        FREE or EXPIRED task: granted with fence = previous fence + 1 (at least
+        the current timeline's floor, (timeline - 1) * 2^40 + 1; see the top).
+        HELD by the same owner: with the request_id of the claim that granted
+        the lease, or with none, the same lease back, no new fence (a retried
+        claim whose reply was lost); with another request_id, a new incarnation
+        of the owner: granted with fence = previous fence + 1, superseding the
+        earlier lease. HELD by another owner: OK with acquired=false and the
+        holder's remaining ttl.
 
         Errors:
         FAILED_PRECONDITION  TASK_COMPLETED: the task is terminal.

@@ -16,29 +16,40 @@
 -- describes; remaining ttls are expire_time - db_now.
 
 -- name: claim
--- Grants the lease when the task is new, FREE or EXPIRED; returns no row when
--- it is HELD (by anyone) or COMPLETED. $4 ttl, $5 runtime budget.
+-- Grants the lease when the task is new, FREE or EXPIRED, or HELD by this
+-- owner under another claim's request id ($6, not NULL: a new incarnation of
+-- the owner, which supersedes the earlier one); returns no row when it is HELD
+-- by another owner, HELD by this owner under request id $6 or with $6 NULL (a
+-- retry: store.py hands the same lease back), or COMPLETED. $4 ttl, $5 runtime
+-- budget, $6 request id (NULL for none; see migrations/0004_claim_request_id.sql).
 -- The new row's instants come from one reading of the clock (c.now), so a ttl
 -- clamped to the budget gives expire_time = runtime_deadline exactly, and an
 -- expiry at that instant is recognised as RUNTIME_EXCEEDED.
+-- The new fence is at least leasekeeper_fence_floor(), the floor of the
+-- database's timeline (migrations/0003_fence_timeline.sql): 1, 2, 3, ... on
+-- timeline 1, and above every fence of earlier timelines after a promotion,
+-- so grants lost in a failover to an asynchronous standby are never reissued.
 INSERT INTO leasekeeper_tasks AS t
     (namespace, task_id, owner_id, fence, state,
-     expire_time, runtime_deadline, claim_time, update_time, end_reason)
-SELECT $1::text, $2::text, $3::text, 1, 'held',
+     expire_time, runtime_deadline, claim_time, update_time, end_reason, claim_request_id)
+SELECT $1::text, $2::text, $3::text, leasekeeper_fence_floor(), 'held',
        c.now + least($4::interval, $5::interval), c.now + $5::interval,
-       c.now, c.now, NULL
+       c.now, c.now, NULL, $6::text
 FROM (SELECT clock_timestamp() AS now) c
 ON CONFLICT (namespace, task_id) DO UPDATE
 SET (owner_id, fence, state, expire_time, runtime_deadline, claim_time, update_time,
-     end_reason) =
-    (SELECT EXCLUDED.owner_id, t.fence + 1, 'held',
+     end_reason, claim_request_id) =
+    (SELECT EXCLUDED.owner_id, greatest(t.fence + 1, leasekeeper_fence_floor()), 'held',
             c.now + least($4::interval, $5::interval), c.now + $5::interval,
-            c.now, c.now, NULL
+            c.now, c.now, NULL, EXCLUDED.claim_request_id
      FROM (SELECT clock_timestamp() AS now) c)
 WHERE t.state IN ('released', 'revoked')
    OR (t.state = 'held' AND t.expire_time <= clock_timestamp())
+   OR (t.state = 'held' AND t.owner_id = $3::text
+       AND $6::text IS NOT NULL AND t.claim_request_id IS DISTINCT FROM $6::text)
 RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
-          t.runtime_deadline, t.claim_time, t.end_reason, clock_timestamp() AS db_now;
+          t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
+          clock_timestamp() AS db_now;
 
 -- name: renew
 -- Extends a live lease of this owner and fence; never revives an expired one
@@ -62,7 +73,8 @@ WHERE t.owner_id = $3::text AND t.fence = $4::bigint
   AND t.expire_time > clock_timestamp()
   AND t.runtime_deadline > clock_timestamp()
 RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
-          t.runtime_deadline, t.claim_time, t.end_reason, clock_timestamp() AS db_now;
+          t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
+          clock_timestamp() AS db_now;
 
 -- name: release
 -- Ends the lease of this owner and fence, live or expired (the fence matching
@@ -77,12 +89,14 @@ WHERE namespace = $1::text AND task_id = $2::text
   AND owner_id = $3::text AND fence = $4::bigint
   AND (state = 'held' OR ($5::boolean AND state = 'released'))
 RETURNING namespace, task_id, owner_id, fence, state, expire_time,
-          runtime_deadline, claim_time, end_reason, clock_timestamp() AS db_now;
+          runtime_deadline, claim_time, end_reason, claim_request_id,
+          clock_timestamp() AS db_now;
 
 -- name: get_task
 -- The task's row and the database clock, to classify an outcome.
 SELECT namespace, task_id, owner_id, fence, state, expire_time,
-       runtime_deadline, claim_time, end_reason, clock_timestamp() AS db_now
+       runtime_deadline, claim_time, end_reason, claim_request_id,
+       clock_timestamp() AS db_now
 FROM leasekeeper_tasks
 WHERE namespace = $1::text AND task_id = $2::text;
 
@@ -90,7 +104,7 @@ WHERE namespace = $1::text AND task_id = $2::text;
 -- One page of a namespace's tasks after task_id $2 (keyset), optionally only
 -- those in derived state $4 ('FREE', 'HELD', 'EXPIRED', 'COMPLETED').
 SELECT namespace, task_id, owner_id, fence, state, expire_time,
-       runtime_deadline, claim_time, end_reason, db_now
+       runtime_deadline, claim_time, end_reason, claim_request_id, db_now
 FROM (
     SELECT *, clock_timestamp() AS db_now
     FROM leasekeeper_tasks
@@ -121,7 +135,7 @@ LIMIT $3::int;
 -- (in its newest version, if a committed update was waited for).
 WITH t AS MATERIALIZED (
     SELECT namespace, task_id, owner_id, fence, state, expire_time,
-           runtime_deadline, claim_time, end_reason
+           runtime_deadline, claim_time, end_reason, claim_request_id
     FROM leasekeeper_tasks
     WHERE namespace = $1::text AND task_id = $2::text
     FOR SHARE
