@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import asyncpg
@@ -180,11 +180,30 @@ async def row(db: asyncpg.Connection, namespace: str, task_id: str) -> asyncpg.R
     return record
 
 
-async def snapshot(db: asyncpg.Connection) -> list[tuple[Any, ...]]:
-    """Every row of the task table and of the effect ledger, in a stable order."""
-    tasks = await db.fetch("SELECT * FROM leasekeeper_tasks ORDER BY namespace, task_id")
+async def snapshot(
+    db: asyncpg.Connection, namespace_prefix: str = "", namespaces: Sequence[str] = ()
+) -> list[tuple[Any, ...]]:
+    """Rows of the task table and of the effect ledger, in a stable order.
+
+    Args:
+        db: a direct connection.
+        namespace_prefix: only namespaces that start with it ("": every row).
+        namespaces: namespaces to include as well, whatever their prefix (none
+            may contain NUL, which no text value can hold).
+    """
+    tasks = await db.fetch(
+        "SELECT * FROM leasekeeper_tasks"
+        " WHERE starts_with(namespace, $1) OR namespace = ANY($2::text[])"
+        " ORDER BY namespace, task_id",
+        namespace_prefix,
+        list(namespaces),
+    )
     effects = await db.fetch(
-        "SELECT * FROM leasekeeper_effects ORDER BY namespace, task_id, effect_key"
+        "SELECT * FROM leasekeeper_effects"
+        " WHERE starts_with(namespace, $1) OR namespace = ANY($2::text[])"
+        " ORDER BY namespace, task_id, effect_key",
+        namespace_prefix,
+        list(namespaces),
     )
     return [tuple(r) for r in tasks] + [tuple(r) for r in effects]
 

@@ -26,15 +26,12 @@ expire_time.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-import asyncpg
 import grpc
 import pytest
 from google.protobuf import timestamp_pb2
@@ -50,15 +47,14 @@ from hypothesis.stateful import (
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-from tests.conftest import running_server
 from tests.helpers import dur, error_info
 from tests.integration import contract_helpers as h
+from tests.integration.server_thread import CALL_TIMEOUT_S, ServerThread
 
 T = TypeVar("T")
 
 TASK = "t"
 TTL_S = 30.0
-CALL_TIMEOUT_S = 10.0
 
 ONCE, LATEST = pb.EFFECT_POLICY_ONCE, pb.EFFECT_POLICY_LATEST
 RESERVED, SUCCEEDED, FAILED = (
@@ -291,64 +287,9 @@ def key_reused(field: str, old: Record) -> Refusal:
 # -- the server, on a loop of its own ----------------------------------------
 
 
-class Backend:
-    """A LeaseServer and a database connection, on an event loop in a thread of their own."""
-
-    def __init__(self, database_url: str) -> None:
-        self._url = database_url
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="effect-model-server", daemon=True)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self.port = 0
-        self.db: asyncpg.Connection | None = None
-
-    def _serve(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # reported by start() or stop()
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        async with running_server(self._url) as running:
-            self.db = await asyncpg.connect(self._url)
-            try:
-                self.port = running.port
-                self._ready.set()
-                await self._stop.wait()
-            finally:
-                await self.db.close()
-
-    def start(self) -> None:
-        self._thread.start()
-        self._ready.wait(60)
-        if self._error is not None:
-            raise RuntimeError("the server did not start") from self._error
-        assert self.port, "the server did not start in time"
-
-    def run(self, make: Callable[[asyncpg.Connection], Coroutine[Any, Any, T]]) -> T:
-        """Runs ``make(db)`` on the server's loop; returns its result."""
-        assert self._loop is not None and self.db is not None
-        future = asyncio.run_coroutine_threadsafe(make(self.db), self._loop)
-        return future.result(CALL_TIMEOUT_S)
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-        assert not self._thread.is_alive(), "the server thread did not stop"
-        if self._error is not None:
-            raise RuntimeError("the server thread failed") from self._error
-
-
 @pytest.fixture(scope="module")
-def backend(database_url: str) -> Iterator[Backend]:
-    server = Backend(database_url)
+def backend(database_url: str) -> Iterator[ServerThread]:
+    server = ServerThread(database_url)
     server.start()
     try:
         yield server
@@ -357,7 +298,7 @@ def backend(database_url: str) -> Iterator[Backend]:
 
 
 @pytest.fixture(scope="module")
-def sync_stub(backend: Backend) -> Iterator[rpc.LeaseServiceStub]:
+def sync_stub(backend: ServerThread) -> Iterator[rpc.LeaseServiceStub]:
     with grpc.insecure_channel(f"127.0.0.1:{backend.port}") as channel:
         yield rpc.LeaseServiceStub(channel)
 
@@ -368,7 +309,9 @@ def sync_stub(backend: Backend) -> Iterator[rpc.LeaseServiceStub]:
 class EffectLedgerModel(RuleBasedStateMachine):
     """One task, two effect keys: the server's answers against the model's."""
 
-    def __init__(self, backend: Backend, stub: rpc.LeaseServiceStub, stats: Counter[str]) -> None:
+    def __init__(
+        self, backend: ServerThread, stub: rpc.LeaseServiceStub, stats: Counter[str]
+    ) -> None:
         super().__init__()
         self.backend = backend
         self.stub = stub
@@ -677,7 +620,9 @@ MODEL_SETTINGS = settings(
 # A pass takes about 12 s; a failure is shrunk by replaying sequences against the
 # server, which can take minutes (hypothesis stops shrinking after 300 s).
 @pytest.mark.timeout(420)
-def test_effect_ledger_follows_the_model(backend: Backend, sync_stub: rpc.LeaseServiceStub) -> None:
+def test_effect_ledger_follows_the_model(
+    backend: ServerThread, sync_stub: rpc.LeaseServiceStub
+) -> None:
     stats: Counter[str] = Counter()
     run_state_machine_as_test(
         lambda: EffectLedgerModel(backend, sync_stub, stats), settings=MODEL_SETTINGS

@@ -1,0 +1,783 @@
+"""Fuzzing every RPC: whatever arrives, a clean status, and bad input changes nothing.
+
+Two kinds of input reach every RPC of ``leasekeeper.v1.LeaseService``,
+the Heartbeat stream and the effect RPCs included:
+
+* malformed bodies, sent as raw bytes through a channel without serializers:
+  random bytes, truncated messages, wrong wire types, invalid UTF-8 in string
+  fields, over-long varints and lengths, and valid messages of another type;
+* well-formed messages with random field values, through the normal stubs:
+  empty, over-long, control-character and NUL ids, ids at the byte limit in
+  multi-byte UTF-8, fences from int64's minimum to its maximum, durations
+  negative, zero, huge, with nanos out of range or signs that disagree,
+  unknown enum values, page sizes and page tokens of every kind.
+
+An oracle written here from CONTRACT.md's "Bad input" and the proto's field
+comments (not from the server's validation code) says which fields of a
+request are malformed. Every answer must then be clean:
+
+* a body that does not parse as the method's message is INVALID_ARGUMENT
+  naming ``request``; a request with a malformed field is INVALID_ARGUMENT
+  naming one of its malformed fields; a well-formed request is never
+  INVALID_ARGUMENT (page tokens excepted: whether a string is a token the
+  server issued is the server's to say);
+* any other status is one the proto documents for that RPC, with a reason it
+  lists (ABORTED, FAILED_PRECONDITION, NOT_FOUND); never INTERNAL, UNKNOWN or
+  UNAVAILABLE; every error carries exactly one ErrorInfo, and INVALID_ARGUMENT
+  a BadRequest naming the same field as the ErrorInfo;
+* a request answered INVALID_ARGUMENT changed nothing: the example's
+  namespaces' task and effect rows are the same before and after;
+* the server lives on: each example starts with a claim and a BeginEffect in
+  a fresh namespace, and ends with a health check answered SERVING.
+
+Every example runs against a namespace holding a live lease (task "t", owner
+"a", fence 1) with a reserved effect ("k"), so that random values often name
+real things and well-formed requests do real work.
+
+A CI run takes about 20 s and always draws the same inputs (derandomized).
+For a longer hunt, ``LEASEKEEPER_FUZZ_RANDOM=1`` draws new inputs on every run
+and ``LEASEKEEPER_FUZZ_SCALE=N`` runs N times as many examples.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import unicodedata
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import asyncpg
+import grpc
+import pytest
+from google.protobuf import descriptor, duration_pb2
+from google.protobuf.message import DecodeError, Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from leasekeeper.v1 import lease_service_pb2 as pb
+from leasekeeper.v1 import lease_service_pb2_grpc as rpc
+from tests.conftest import RunningServer
+from tests.helpers import bad_request_fields, error_info
+from tests.integration.contract_helpers import grant, snapshot
+
+pytestmark = pytest.mark.timeout(300)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["LeaseService"]
+CALL_TIMEOUT_S = 10.0
+
+OK = grpc.StatusCode.OK
+INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT
+ABORTED = grpc.StatusCode.ABORTED
+FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
+
+# The proto's error lists, RPC by RPC: what a well-formed request may get besides OK.
+LOSS = frozenset(
+    {
+        "LEASE_EXPIRED",
+        "LEASE_SUPERSEDED",
+        "LEASE_RELEASED",
+        "LEASE_REVOKED",
+        "RUNTIME_EXCEEDED",
+        "TASK_COMPLETED",
+        "NOT_OWNER",
+        "FENCE_UNKNOWN",
+    }
+)
+FENCE_LOSS = LOSS - {"NOT_OWNER"}
+DOCUMENTED: dict[str, dict[grpc.StatusCode, frozenset[str]]] = {
+    "Claim": {FAILED_PRECONDITION: frozenset({"TASK_COMPLETED"})},
+    "Renew": {ABORTED: LOSS},
+    "Release": {
+        ABORTED: frozenset(
+            {"LEASE_SUPERSEDED", "NOT_OWNER", "LEASE_REVOKED", "TASK_COMPLETED", "FENCE_UNKNOWN"}
+        )
+    },
+    "ValidateFence": {},
+    "Heartbeat": {ABORTED: LOSS},
+    "GetLease": {NOT_FOUND: frozenset({"TASK_NOT_FOUND"})},
+    "ListLeases": {},
+    "BeginEffect": {
+        ABORTED: FENCE_LOSS,
+        FAILED_PRECONDITION: frozenset({"EFFECT_KEY_REUSED"}),
+    },
+    "CompleteEffect": {
+        ABORTED: FENCE_LOSS,
+        FAILED_PRECONDITION: frozenset({"EFFECT_NOT_BEGUN", "EFFECT_ALREADY_COMPLETED"}),
+    },
+    "ListEffects": {},
+}
+METHODS = {m.name: m for m in SERVICE.methods}
+UNARY = sorted(name for name, m in METHODS.items() if not m.client_streaming)
+REQUEST_TYPES: dict[str, type[Message]] = {
+    name: getattr(pb, m.input_type.name) for name, m in METHODS.items()
+}
+
+INT64 = (-(2**63), 2**63 - 1)
+INT32 = (-(2**31), 2**31 - 1)
+
+
+def examples(count: int) -> settings:
+    """Hypothesis settings for ``count`` examples (times LEASEKEEPER_FUZZ_SCALE) on the server."""
+    return settings(
+        max_examples=count * int(os.environ.get("LEASEKEEPER_FUZZ_SCALE", "1")),
+        deadline=None,
+        database=None,
+        derandomize=os.environ.get("LEASEKEEPER_FUZZ_RANDOM") != "1",
+        print_blob=True,
+        # One server per test: the examples share it (and each makes its own namespace).
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+
+
+# -- the oracle: which fields of a request are malformed -----------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The server's configured bounds (CONTRACT: "limits configurable")."""
+
+    max_id_bytes: int
+    min_ttl: Fraction
+    max_ttl: Fraction
+    max_runtime: Fraction
+    max_result_bytes: int
+    max_page_size: int = 1000  # CONTRACT: "at most 1000 a page"
+    max_digest_bytes: int = 64  # proto: request_digest "at most 64 bytes"
+
+    @classmethod
+    def of(cls, server: RunningServer) -> Limits:
+        s = server.server.settings
+        return cls(
+            max_id_bytes=s.max_id_bytes,
+            min_ttl=Fraction(str(s.min_ttl_s)),
+            max_ttl=Fraction(str(s.max_ttl_s)),
+            max_runtime=Fraction(str(s.max_runtime_s)),
+            max_result_bytes=s.max_effect_result_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Fields that are malformed for sure, and fields the oracle cannot judge (page tokens)."""
+
+    bad: frozenset[str]
+    unsure: frozenset[str] = frozenset()
+
+    @property
+    def names(self) -> frozenset[str]:
+        return self.bad | self.unsure
+
+
+UNPARSEABLE = Verdict(frozenset({"request"}))
+
+
+def bad_id(value: str, limits: Limits, required: bool = True) -> bool:
+    """An id: 1..max_id_bytes bytes of UTF-8, no control character (Unicode Cc, NUL included)."""
+    if not value:
+        return required
+    size = len(value.encode("utf-8"))
+    return size > limits.max_id_bytes or any(unicodedata.category(c) == "Cc" for c in value)
+
+
+def bad_duration(value: duration_pb2.Duration, low: Fraction, high: Fraction) -> bool:
+    """Outside [low, high], exactly, or not a well-formed google.protobuf.Duration."""
+    seconds, nanos = value.seconds, value.nanos
+    well_formed = (
+        abs(seconds) <= 315_576_000_000
+        and abs(nanos) <= 999_999_999
+        and not (seconds > 0 > nanos or seconds < 0 < nanos)
+    )
+    exact = seconds + Fraction(nanos, 10**9)
+    return not (well_formed and low <= exact <= high)
+
+
+def bad_enum(fd: descriptor.FieldDescriptor, value: int, allowed: Sequence[str] | None) -> bool:
+    """Unknown enum values are malformed; ``allowed`` narrows the known ones (names)."""
+    known = fd.enum_type.values_by_number.get(value)
+    if known is None:
+        return True
+    return allowed is not None and known.name not in allowed
+
+
+def field_is_bad(message: Any, fd: descriptor.FieldDescriptor, limits: Limits) -> bool | None:
+    """True: malformed; False: well-formed; None: only the server can tell."""
+    name, value = fd.name, getattr(message, fd.name)
+    match name:
+        case "namespace" | "task_id" | "owner_id" | "effect_key":
+            return bad_id(value, limits)
+        case "request_id":  # proto: the rules of ids; empty means none
+            return bad_id(value, limits, required=False)
+        case "fence":
+            return value < 1
+        case "ttl":
+            return message.HasField(name) and bad_duration(value, limits.min_ttl, limits.max_ttl)
+        case "max_runtime":  # proto: its upper bound is the server's max_runtime
+            return message.HasField(name) and bad_duration(
+                value, limits.min_ttl, limits.max_runtime
+            )
+        case "state":  # UNSPECIFIED lists all
+            return bad_enum(fd, value, None)
+        case "policy":  # proto: "Required: ONCE or LATEST"
+            return bad_enum(fd, value, ("EFFECT_POLICY_ONCE", "EFFECT_POLICY_LATEST"))
+        case "outcome":  # proto: "SUCCEEDED or FAILED"
+            return bad_enum(fd, value, ("EFFECT_STATE_SUCCEEDED", "EFFECT_STATE_FAILED"))
+        case "retryable":  # proto: "Must be false for SUCCEEDED"
+            return value and message.outcome == pb.EFFECT_STATE_SUCCEEDED
+        case "complete":
+            return False
+        case "page_size":  # default 100 when unset (0), at most 1000
+            return not 0 <= value <= limits.max_page_size
+        case "page_token":
+            return None if value else False
+        case "request_digest":
+            return len(value) > limits.max_digest_bytes
+        case "result":
+            return len(value) > limits.max_result_bytes
+    raise AssertionError(f"the fuzz oracle has no rule for {fd.full_name}: add one")
+
+
+def verdict(message: Any, limits: Limits) -> Verdict:
+    """Judges every field of a request message."""
+    bad, unsure = set(), set()
+    for fd in message.DESCRIPTOR.fields:
+        judged = field_is_bad(message, fd, limits)
+        if judged is None:
+            unsure.add(fd.name)
+        elif judged:
+            bad.add(fd.name)
+    return Verdict(frozenset(bad), frozenset(unsure))
+
+
+def later_beat_verdict(
+    message: pb.HeartbeatRequest, first: pb.HeartbeatRequest, limits: Limits
+) -> Verdict:
+    """A later heartbeat message: each field empty or the first message's; ttl as always."""
+    bad = {
+        name
+        for name in ("namespace", "task_id", "owner_id", "fence")
+        if getattr(message, name) and getattr(message, name) != getattr(first, name)
+    }
+    if message.HasField("ttl") and bad_duration(message.ttl, limits.min_ttl, limits.max_ttl):
+        bad.add("ttl")
+    return Verdict(frozenset(bad))
+
+
+def body_verdict(method: str, body: bytes, limits: Limits) -> tuple[Verdict, Any]:
+    """The verdict on a raw body and the message it parses to (None if it does not)."""
+    try:
+        message = REQUEST_TYPES[method].FromString(body)
+    except DecodeError:
+        return UNPARSEABLE, None
+    return verdict(message, limits), message
+
+
+# -- judging an answer -----------------------------------------------------------
+
+
+def check_answer(method: str, error: grpc.aio.AioRpcError | None, expected: Verdict) -> None:
+    """The answer is clean and agrees with the oracle (see the module docstring)."""
+    code = OK if error is None else error.code()
+    event(f"{method}: {code.name}")
+    if code == OK:
+        assert not expected.bad, f"{method}: OK for a request with malformed {set(expected.bad)}"
+        return
+    assert error is not None
+    info = error_info(error)  # exactly one, domain leasekeeper
+    if code == INVALID_ARGUMENT:
+        named = bad_request_fields(error)
+        assert len(named) == 1, f"{method}: BadRequest names {named}"
+        assert info.reason == "INVALID_ARGUMENT"
+        assert info.metadata.get("field") == named[0]
+        assert named[0] in expected.names, (
+            f"{method}: INVALID_ARGUMENT naming {named[0]!r}; malformed fields: "
+            f"{set(expected.bad)} (unsure: {set(expected.unsure)}): {error.details()}"
+        )
+        return
+    assert not expected.bad, (
+        f"{method}: {code.name} {info.reason} for a request with malformed "
+        f"{set(expected.bad)}: {error.details()}"
+    )
+    documented = DOCUMENTED[method]
+    assert code in documented, (
+        f"{method}: undocumented {code.name} {info.reason}: {error.details()}"
+    )
+    assert info.reason in documented[code], f"{method}: {code.name} with reason {info.reason}"
+
+
+# -- field values ------------------------------------------------------------------
+#
+# Each field has good values (naming the example's lease, effect and bounds) and
+# any values (good ones among them). A request takes good values for most fields
+# and any values for a few, so that requests with one malformed field, which the
+# server must name, are common, and so are well-formed requests that do real work.
+
+CONTROL = ["\x00", "\x01", "\t", "\n", "\x1b", "\x1f", "\x7f", "\x80", "\x85", "\x9f"]
+# Not control characters: ids may hold them.
+UNUSUAL = ["\u2028", "\u200b", "\ufeff", "\ufffd", "\ue000", "\U0010ffff", " ", "\\", "'", "%"]
+WIDE = ["x", "\u00e9", "\u20ac", "\U0001f600"]  # 1, 2, 3 and 4 bytes of UTF-8
+
+
+def near_limit(prefix: str, char: str, extra: int, limit: int = 256) -> str:
+    """``prefix`` filled with ``char`` to the byte limit, plus ``extra`` characters."""
+    count = (limit - len(prefix.encode())) // len(char.encode())
+    return prefix + char * max(0, count + extra)
+
+
+def ids(good: Sequence[str], prefix: str = "") -> st.SearchStrategy[str]:
+    """Empty, random, near the byte limit, huge, or a good value with an odd character.
+
+    Every non-empty value starts with ``prefix`` (a namespace keeps to the example's).
+    """
+    return st.one_of(
+        st.sampled_from(good),
+        st.just(""),
+        st.builds(lambda s: prefix + s, st.text(max_size=12)),
+        st.builds(near_limit, st.just(prefix), st.sampled_from(WIDE), st.sampled_from([-1, 0, 1])),
+        st.builds(lambda n: prefix + "x" * n, st.sampled_from([300, 5000])),
+        st.builds(
+            lambda base, char, at: base[:at] + char + base[at:],
+            st.sampled_from(good),
+            st.sampled_from(CONTROL + UNUSUAL),
+            st.integers(len(prefix), 64),
+        ),
+    )
+
+
+# Durations at the bounds of the test server (min_ttl 0.1 s, max_ttl 3600 s,
+# max_runtime 86400 s), to the nanosecond, and some ill-formed ones.
+BOUNDARY_DURATIONS = [
+    (0, 99_999_999),
+    (0, 99_999_000),
+    (0, 100_000_000),
+    (0, 100_000_001),
+    (3599, 999_999_999),
+    (3600, 0),
+    (3600, 1),
+    (3600, 999),
+    (3600, 1000),
+    (86400, 0),
+    (86400, 1),
+    (86400, 999),
+    (0, 0),
+    (0, 999),
+    (1, -1),
+    (-1, 1),
+    (5, 1_000_000_000),
+    (0, -100_000_000),
+]
+
+
+def durations() -> st.SearchStrategy[duration_pb2.Duration | None]:
+    """Unset, at the bounds (to the nanosecond) or anywhere in int64 and int32."""
+    seconds = st.one_of(
+        st.sampled_from([0, 1, 5, 3601, 86401, -1, 315_576_000_000, 315_576_000_001]),
+        st.sampled_from([INT64[1], INT64[0]]),
+        st.integers(*INT64),
+    )
+    nanos = st.one_of(
+        st.sampled_from([0, 1, 999, 1000, 999_999_999, 1_000_000_000, -1, -999_999_999]),
+        st.sampled_from([INT32[1], INT32[0]]),
+        st.integers(*INT32),
+    )
+    return st.one_of(
+        st.none(),
+        st.builds(
+            lambda sn: duration_pb2.Duration(seconds=sn[0], nanos=sn[1]),
+            st.sampled_from(BOUNDARY_DURATIONS),
+        ),
+        st.builds(duration_pb2.Duration, seconds=seconds, nanos=nanos),
+    )
+
+
+def page_tokens() -> st.SearchStrategy[str]:
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).decode()
+
+    return st.one_of(
+        st.text(max_size=20),
+        st.builds(b64, st.binary(max_size=20)),
+        st.builds(b64, st.sampled_from([b"t", b"k", b"a\x00", b"\xff\xfe", b"x" * 300])),
+        st.builds(lambda raw: b64(raw).rstrip("="), st.binary(min_size=1, max_size=8)),
+    )
+
+
+def blobs(limit: int) -> st.SearchStrategy[bytes]:
+    return st.one_of(
+        st.binary(max_size=80),
+        st.builds(lambda n: b"r" * n, st.sampled_from([limit, limit + 1, 100_000])),
+    )
+
+
+def good_values(fd: descriptor.FieldDescriptor, namespace: str) -> st.SearchStrategy[Any]:
+    """Well-formed values for one field of a request, by its name."""
+    match fd.name:
+        case "namespace":
+            return st.sampled_from([namespace, namespace, f"{namespace}-other"])
+        case "task_id":
+            return st.sampled_from(["t", "t", "u"])
+        case "owner_id":
+            return st.sampled_from(["a", "a", "b"])
+        case "effect_key":
+            return st.sampled_from(["k", "k", "k2"])
+        case "request_id":
+            return st.sampled_from(["", "r1"])
+        case "fence":
+            return st.sampled_from([1, 1, 2])
+        case "ttl" | "max_runtime":
+            return st.sampled_from([None, None, duration_pb2.Duration(seconds=5)])
+        case "state" | "policy" | "outcome":
+            allowed = {
+                "state": sorted(fd.enum_type.values_by_number),
+                "policy": [pb.EFFECT_POLICY_ONCE, pb.EFFECT_POLICY_LATEST],
+                "outcome": [pb.EFFECT_STATE_SUCCEEDED, pb.EFFECT_STATE_FAILED],
+            }[fd.name]
+            return st.sampled_from(allowed)
+        case "retryable":
+            return st.just(False)
+        case "complete":
+            return st.sampled_from([False, False, True])
+        case "page_size":
+            return st.sampled_from([0, 1, 1000])
+        case "page_token":
+            return st.just("")
+        case "request_digest" | "result":
+            return st.sampled_from([b"", b"d1"])
+    raise AssertionError(f"no fuzz values for {fd.full_name}: add them")
+
+
+def any_values(fd: descriptor.FieldDescriptor, namespace: str) -> st.SearchStrategy[Any]:
+    """Any values for one field of a request, by its name (the oracle's vocabulary)."""
+    good = good_values(fd, namespace)
+    match fd.name:
+        case "namespace":
+            return ids([namespace], prefix=namespace)
+        case "task_id" | "owner_id" | "effect_key":
+            return st.one_of(good, ids(["t", "a", "k"]))
+        case "request_id":
+            return st.one_of(good, ids(["r1", str(uuid.UUID(int=1))]))
+        case "fence":
+            return st.one_of(st.sampled_from([0, -1, 3, INT64[1], INT64[0]]), st.integers(*INT64))
+        case "ttl" | "max_runtime":
+            return durations()
+        case "state" | "policy" | "outcome":
+            return st.one_of(good, st.sampled_from([0, -1, 99]), st.integers(*INT32))
+        case "retryable" | "complete":
+            return st.booleans()
+        case "page_size":
+            return st.one_of(
+                st.sampled_from([2, 1001, -1, INT32[1], INT32[0]]), st.integers(*INT32)
+            )
+        case "page_token":
+            return page_tokens()
+        case "request_digest":
+            return blobs(64)
+        case "result":
+            return blobs(65536)
+    raise AssertionError(f"no fuzz values for {fd.full_name}: add them")
+
+
+def build(message_type: type[Message], fields: dict[str, Any]) -> Any:
+    message = message_type()
+    for name, value in fields.items():
+        if isinstance(value, Message):
+            getattr(message, name).CopyFrom(value)
+        elif value is not None:
+            setattr(message, name, value)
+    return message
+
+
+def messages(message_type: type[Message], namespace: str) -> st.SearchStrategy[Any]:
+    """Messages of ``message_type``: good values, except any values in a few fields."""
+    fields = message_type.DESCRIPTOR.fields
+
+    def draw_fields(draw: Any) -> dict[str, Any]:
+        count = draw(st.sampled_from([0, 1, 1, 1, 2, 2, 3, len(fields)]), label="random fields")
+        chosen = set(draw(st.permutations([fd.name for fd in fields]))[:count])
+        return {
+            fd.name: draw(
+                (any_values if fd.name in chosen else good_values)(fd, namespace), label=fd.name
+            )
+            for fd in fields
+        }
+
+    return st.composite(lambda draw: build(message_type, draw_fields(draw)))()
+
+
+# -- malformed bodies --------------------------------------------------------------
+
+
+def varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # negative numbers travel as ten bytes
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def tag(number: int, wire_type: int) -> bytes:
+    return varint(number << 3 | wire_type)
+
+
+def payload(wire_type: int, data: bytes, number: int) -> bytes:
+    """A field's bytes after its tag, shaped by the wire type (3..7: groups and invalid types)."""
+    match wire_type:
+        case 0:
+            return varint(number)
+        case 1:
+            return data[:8].ljust(8, b"\0")
+        case 2:
+            return varint(len(data)) + data
+        case 5:
+            return data[:4].ljust(4, b"\0")
+    return data
+
+
+def field_records(message_type: type[Message]) -> st.SearchStrategy[bytes]:
+    """Fields of ``message_type`` (and unknown numbers) with any wire type and payload."""
+    numbers = [fd.number for fd in message_type.DESCRIPTOR.fields]
+    record = st.builds(
+        lambda number, wire_type, data, n: tag(number, wire_type) + payload(wire_type, data, n),
+        st.one_of(st.sampled_from(numbers), st.integers(1, 2**29 - 1)),
+        st.integers(0, 7),
+        st.binary(max_size=12),
+        st.integers(0, 2**64 - 1),
+    )
+    return st.lists(record, min_size=1, max_size=5).map(b"".join)
+
+
+INVALID_UTF8 = [b"\xff", b"\xc3", b"\xc0\xaf", b"\xed\xa0\x80", b"ok\xfe", b"\xf4\x90\x80\x80"]
+
+
+def malformed(message_type: type[Message], namespace: str) -> st.SearchStrategy[bytes]:
+    """Bodies that are (mostly) not valid ``message_type`` messages."""
+    string_numbers = [
+        fd.number for fd in message_type.DESCRIPTOR.fields if fd.type == fd.TYPE_STRING
+    ]
+    valid = messages(message_type, namespace).map(lambda m: m.SerializeToString())
+    others = st.sampled_from(sorted(REQUEST_TYPES)).flatmap(
+        lambda name: messages(REQUEST_TYPES[name], namespace)
+    )
+    return st.one_of(
+        st.binary(max_size=48),
+        # a valid message cut short
+        st.builds(lambda body, at: body[: at % max(1, len(body))], valid, st.integers(0, 1000)),
+        field_records(message_type),
+        # invalid UTF-8 in a string field, after a valid message
+        st.builds(
+            lambda body, number, bad: body + tag(number, 2) + varint(len(bad)) + bad,
+            valid,
+            st.sampled_from(string_numbers),
+            st.sampled_from(INVALID_UTF8),
+        ),
+        # an over-long varint, or a length far beyond the body
+        st.builds(
+            lambda number, k: tag(number, 0) + b"\xff" * k + b"\x01",
+            st.integers(1, 7),
+            st.sampled_from([9, 10, 11, 20]),
+        ),
+        st.builds(
+            lambda number, size: tag(number, 2) + varint(size) + b"abc",
+            st.integers(1, 7),
+            st.sampled_from([4, 2**31, 2**63]),
+        ),
+        # a valid message of another type, maybe with garbage after it
+        st.builds(lambda m, tail: m.SerializeToString() + tail, others, st.binary(max_size=4)),
+    )
+
+
+# -- the server and the database around one example --------------------------------
+
+
+async def prepare(stub: rpc.LeaseServiceStub) -> str:
+    """A fresh namespace with a live lease (t, a, fence 1) and a reserved effect (k).
+
+    Also proves the server still grants claims after the previous example.
+    """
+    namespace = f"fuzz-{uuid.uuid4().hex[:12]}"
+    await grant(stub, namespace, "t", "a", ttl_s=30.0)
+    reply = await stub.BeginEffect(
+        pb.BeginEffectRequest(
+            namespace=namespace, task_id="t", fence=1, effect_key="k", policy=pb.EFFECT_POLICY_ONCE
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
+    assert reply.decision == pb.EFFECT_DECISION_PROCEED
+    return namespace
+
+
+async def rows(db: asyncpg.Connection, namespace: str, message: Any = None) -> list[Any]:
+    """The rows of the example's namespaces, and of the namespace ``message`` names."""
+    named = getattr(message, "namespace", "") if message is not None else ""
+    return await snapshot(db, namespace, [named] if "\x00" not in named else [])
+
+
+async def unary_raw(channel: grpc.aio.Channel, method: str, body: bytes) -> Any:
+    """Sends ``body`` as is; returns the error, or None for OK (after parsing the reply)."""
+    call = channel.unary_unary(
+        f"/{SERVICE.full_name}/{method}", request_serializer=None, response_deserializer=None
+    )
+    try:
+        reply = await call(body, timeout=CALL_TIMEOUT_S)
+    except grpc.aio.AioRpcError as error:
+        return error
+    getattr(pb, METHODS[method].output_type.name).FromString(reply)  # a valid reply
+    return None
+
+
+async def read_one(call: Any) -> tuple[bool, grpc.aio.AioRpcError | None]:
+    """Reads one heartbeat reply: (True, None), or the stream's end (False, error or None)."""
+    try:
+        reply = await call.read()
+    except grpc.aio.AioRpcError as error:
+        return False, error
+    if reply is grpc.aio.EOF:
+        return False, None
+    if isinstance(reply, bytes):
+        pb.HeartbeatResponse.FromString(reply)
+    return True, None
+
+
+async def stream_end(call: Any) -> grpc.aio.AioRpcError | None:
+    """Reads a heartbeat stream to its end: the error, or None for OK."""
+    while True:
+        more, error = await read_one(call)
+        if not more:
+            return error
+
+
+async def health_serving(channel: grpc.aio.Channel) -> None:
+    reply = await health_pb2_grpc.HealthStub(channel).Check(
+        health_pb2.HealthCheckRequest(service=SERVICE.full_name), timeout=CALL_TIMEOUT_S
+    )
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+# -- the tests -------------------------------------------------------------------------
+
+
+def test_fuzz_tables_cover_every_rpc_and_field() -> None:
+    assert set(DOCUMENTED) == set(METHODS)
+    for message_type in REQUEST_TYPES.values():
+        limits = Limits(256, Fraction(1, 10), Fraction(3600), Fraction(86400), 65536)
+        message = message_type()
+        for fd in message_type.DESCRIPTOR.fields:
+            field_is_bad(message, fd, limits)  # a rule for every field
+            good_values(fd, "ns")  # and values for it
+            any_values(fd, "ns")
+
+
+@examples(300)
+@given(method=st.sampled_from(UNARY), data=st.data())
+async def test_unary_malformed_body_clean_status_changes_nothing(
+    server, channel, stub, db, method, data
+):
+    limits = Limits.of(server)
+    namespace = await prepare(stub)
+    body = data.draw(malformed(REQUEST_TYPES[method], namespace), label="body")
+    expected, message = body_verdict(method, body, limits)
+    before = await rows(db, namespace, message)
+
+    error = await unary_raw(channel, method, body)
+
+    check_answer(method, error, expected)
+    if error is not None and error.code() == INVALID_ARGUMENT:
+        assert await rows(db, namespace, message) == before
+    if message is None:  # not a message: refused naming the request
+        assert error is not None and bad_request_fields(error) == ["request"]
+    await health_serving(channel)
+
+
+@examples(120)
+@given(data=st.data(), second=st.booleans())
+async def test_heartbeat_malformed_message_clean_status_changes_nothing(
+    server, channel, stub, db, data, second
+):
+    limits = Limits.of(server)
+    namespace = await prepare(stub)
+    call = channel.stream_stream(
+        f"/{SERVICE.full_name}/Heartbeat", request_serializer=None, response_deserializer=None
+    )(timeout=CALL_TIMEOUT_S)
+    good = pb.HeartbeatRequest(namespace=namespace, task_id="t", owner_id="a", fence=1)
+    body = data.draw(malformed(pb.HeartbeatRequest, namespace), label="body")
+    if second:  # the malformed body follows a good first message
+        await call.write(good.SerializeToString())
+        assert (await read_one(call)) == (True, None)
+        expected = UNPARSEABLE
+        try:
+            expected = later_beat_verdict(pb.HeartbeatRequest.FromString(body), good, limits)
+        except DecodeError:
+            pass
+    else:
+        expected, _ = body_verdict("Heartbeat", body, limits)
+    before = await rows(db, namespace)
+
+    await call.write(body)
+    await call.done_writing()
+    error = await stream_end(call)
+
+    check_answer("Heartbeat", error, expected)
+    if error is not None and error.code() == INVALID_ARGUMENT:
+        assert await rows(db, namespace) == before
+    await health_serving(channel)
+
+
+@examples(500)
+@given(method=st.sampled_from(UNARY), data=st.data())
+async def test_unary_random_field_values_clean_status_changes_nothing(
+    server, channel, stub, db, method, data
+):
+    limits = Limits.of(server)
+    namespace = await prepare(stub)
+    request = data.draw(messages(REQUEST_TYPES[method], namespace), label="request")
+    expected = verdict(request, limits)
+    before = await rows(db, namespace, request)
+
+    error = None
+    try:
+        await getattr(stub, method)(request, timeout=CALL_TIMEOUT_S)
+    except grpc.aio.AioRpcError as exc:
+        error = exc
+
+    check_answer(method, error, expected)
+    if error is not None and error.code() == INVALID_ARGUMENT:
+        assert await rows(db, namespace, request) == before
+    await health_serving(channel)
+
+
+@examples(150)
+@given(data=st.data(), second=st.booleans())
+async def test_heartbeat_random_field_values_clean_status_changes_nothing(
+    server, channel, stub, db, data, second
+):
+    limits = Limits.of(server)
+    namespace = await prepare(stub)
+    first = data.draw(messages(pb.HeartbeatRequest, namespace), label="first")
+    expected = verdict(first, limits)
+    call = stub.Heartbeat(timeout=CALL_TIMEOUT_S)
+    before = await rows(db, namespace, first)
+
+    await call.write(first)
+    more = True
+    if second and not expected.bad:
+        more, error = await read_one(call)
+        if more:  # renewed: judge the second message on its own
+            later = data.draw(messages(pb.HeartbeatRequest, namespace), label="later")
+            expected = later_beat_verdict(later, first, limits)
+            before = await rows(db, namespace, first)
+            await call.write(later)
+    if more:
+        await call.done_writing()
+        error = await stream_end(call)
+
+    check_answer("Heartbeat", error, expected)
+    if error is not None and error.code() == INVALID_ARGUMENT:
+        assert await rows(db, namespace, first) == before
+    await health_serving(channel)
