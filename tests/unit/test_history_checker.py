@@ -34,7 +34,7 @@ def clean() -> dict[str, list[dict[str, Any]]]:
              "policy": "ONCE", "fresh": False, "result": "apply-1"},
             {"ev": "validate", "w": "w2", "t": 13.2, "task": "t", "fence": 2, "valid": False,
              "db_now_us": None},
-            {"ev": "lost", "w": "w2", "t": 13.9, "task": "t", "fence": 2,
+            {"ev": "cancelled", "w": "w2", "t": 13.9, "task": "t", "fence": 2,
              "reason": "LEASE_EXPIRED", "deadline": 13.8, "lost_t": 13.85},
         ],
         "faults": [{"kind": "pause_worker", "target": "w3", "t": 0.0, "until": 1.0}],
@@ -102,6 +102,13 @@ CASES = {
         lambda h: h["versions"][3].update(claim_us=1 * S),
         "one-holder: t fence 2 (b) claimed 1.000000 s before fence 1 (a) ended",
     ),
+    "valid after a newer fence of the same owner": (
+        lambda h: (
+            h["versions"][3].update(owner_id="a", claim_us=S // 2),
+            h["events"][1].update(db_now_us=S),
+        ),
+        "validate: t/1 valid at 1000000, outside its lease [0, 500000)",
+    ),
     "valid after the lease ended": (
         lambda h: h["events"][1].update(db_now_us=2 * S),
         "validate: t/1 valid at 2000000, outside its lease [0, 2000000)",
@@ -141,6 +148,12 @@ CASES = {
         "trust: worker w1 started an apply of t/1 1.100 s after its trust deadline",
     ),
 }  # fmt: skip
+
+
+def test_an_owner_superseding_its_own_lease_is_not_two_holders() -> None:
+    history = mutated(lambda h: h["versions"][3].update(owner_id="a", claim_us=3 * S // 2))
+    history["events"][4]["owner"] = "a"
+    assert run(history) == []
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

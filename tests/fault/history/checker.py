@@ -21,18 +21,20 @@ The properties (each violation is one line naming the evidence):
    owner's in the database, no higher than the task's final fence (an
    acknowledged grant is never lost).
 2. ``one-holder``: per task, the lease of each fence ends (its last expire_time,
-   or the instant it was released) no later than the next fence's claim_time:
-   no two owners hold a task at one database instant.
+   or the instant it was released) no later than the next fence's claim_time,
+   unless both fences are the same owner's (a new incarnation of an owner
+   supersedes its own lease): no two owners hold a task at one database instant.
 3. ``validate``: ValidateFence answered valid only at an instant inside its
-   fence's lease (between its claim_time and its end, so before any newer
-   fence).
+   fence's lease (between its claim_time and its end or the next fence's
+   claim_time, whichever is sooner).
 4. ``effect-once``: no ONCE effect was applied twice; per task, applies were
    accepted in non-decreasing fence order (a stale fence never acted after a
    newer one); the ledger's ONCE records agree with the applies (a SUCCEEDED
    record names an existing apply; no FAILED record for an applied effect)
    and every worker that got a ONCE effect's result got the same one.
 5. ``trust``: a worker learnt of every loss by its local trust deadline
-   (within ``tolerance_s``), and never started an apply after its deadline,
+   (within ``tolerance_s``; ``cancelled`` events: the moment ``hold()``
+   cancelled its work), and never started an apply after its deadline,
    unless it was paused (SIGSTOP) around that moment: a paused process cannot
    run its timers, which is what fencing is for.
 """
@@ -57,6 +59,7 @@ class LeaseSpan:
     owner_id: str
     claim_us: int
     end_us: int
+    reign_end_us: int = 0  # end_us, or the next fence's claim_us if sooner
 
 
 @dataclasses.dataclass
@@ -84,7 +87,11 @@ def lease_spans(versions: Iterable[Row]) -> dict[str, list[LeaseSpan]]:
         elif v["state"] in TERMINAL_STATES and v["expire_us"] is not None:
             # A release ends the lease at once (the row's expire_time is cut to then).
             span.end_us = min(span.end_us, v["expire_us"]) if span.end_us else v["expire_us"]
-    return {task: [by_fence[f] for f in sorted(by_fence)] for task, by_fence in spans.items()}
+    ordered = {task: [by_fence[f] for f in sorted(by_fence)] for task, by_fence in spans.items()}
+    for leases in ordered.values():
+        for span, after in itertools.zip_longest(leases, leases[1:]):
+            span.reign_end_us = span.end_us if after is None else min(span.end_us, after.claim_us)
+    return ordered
 
 
 def check(
@@ -111,8 +118,10 @@ def check(
     _check_effects(events, applies, effects, out, counts)
     _check_trust(events, faults, tolerance_s, out, counts)
     counts["grants.database"] = sum(len(s) for s in spans.values())
+    refused_by_service = sum(1 for e in events if e["ev"] == "lost" and e.get("code") == "ABORTED")
+    counts["lost.refused_by_service"] = refused_by_service
     counts["stale_fences_refused"] = (
-        counts["event.apply_refused"] + counts["validate.refused_own_fence"]
+        counts["event.apply_refused"] + counts["validate.refused_own_fence"] + refused_by_service
     )
     counts["violations"] = len(out)
     return Verdict(out, counts)
@@ -153,7 +162,9 @@ def _check_fence_order(
 def _check_one_holder(spans: Mapping[str, list[LeaseSpan]], out: list[str]) -> None:
     for task, leases in spans.items():
         for older, newer in itertools.pairwise(leases):
-            if newer.claim_us < older.end_us:
+            # An owner may supersede its own lease (a new incarnation's claim);
+            # only two different owners at one instant break the promise.
+            if newer.claim_us < older.end_us and newer.owner_id != older.owner_id:
                 out.append(
                     f"one-holder: {task} fence {newer.fence} ({newer.owner_id}) claimed "
                     f"{(older.end_us - newer.claim_us) / 1e6:.6f} s before fence {older.fence} "
@@ -176,8 +187,10 @@ def _check_validate(
         counts["validate.valid"] += 1
         span = next((s for s in spans.get(e["task"], []) if s.fence == e["fence"]), None)
         t = e["db_now_us"]
-        if span is None or not span.claim_us <= t < span.end_us:
-            where = "no such lease" if span is None else f"lease [{span.claim_us}, {span.end_us})"
+        if span is None or not span.claim_us <= t < span.reign_end_us:
+            where = (
+                "no such lease" if span is None else f"lease [{span.claim_us}, {span.reign_end_us})"
+            )
             out.append(f"validate: {e['task']}/{e['fence']} valid at {t}, outside its {where}")
 
 
@@ -257,7 +270,7 @@ def _check_trust(
         deadline = e.get("deadline")
         if deadline is None:
             continue
-        if e["ev"] == "lost":
+        if e["ev"] == "cancelled":
             counts[f"lost.{e['reason']}"] += 1
             late_s = e["lost_t"] - deadline
             if late_s <= tolerance_s:

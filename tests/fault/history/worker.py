@@ -1,0 +1,329 @@
+"""One worker process of the history workload: claims, holds, acts, records everything.
+
+Run as ``python -m tests.fault.history.worker`` from the repository root (the
+workload does). It loops until SIGTERM: pick one of a few tasks at random,
+``hold()`` it with a short ttl, and in the held block run a few steps, each
+one an effect through the effect ledger (``lease.effect``) whose function
+applies it to the outside system (``history_applies``, behind the fence
+table), sometimes a ``ValidateFence`` of its own fence. Every call and answer
+is appended to the history file as one JSON line, written with a single
+``write`` on an ``O_APPEND`` descriptor, so a SIGKILL loses at most the line
+being written.
+
+Database instants are written as integer microseconds since the epoch
+(``*_us``); ``t`` is this machine's CLOCK_MONOTONIC in seconds, shared by every
+process, so the workload's fault times and the workers' times compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import time
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+import asyncpg
+
+from leasekeeper import (
+    EffectFailed,
+    EffectInDoubt,
+    FenceRefused,
+    LeaseClient,
+    LeaseError,
+    LeaseLost,
+    NotAcquired,
+    StaleFence,
+)
+from leasekeeper.fence_table import accept_fence_asyncpg
+from leasekeeper.lease import HeldLease
+
+from .schema import FIND_APPLY_SQL, INSERT_APPLY_SQL
+
+DEADLINE_SAMPLE_S = 0.02
+
+
+def micros(instant: datetime | None) -> int | None:
+    """A database instant as integer microseconds since the epoch (exact)."""
+    if instant is None:
+        return None
+    delta = instant - datetime(1970, 1, 1, tzinfo=instant.tzinfo)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+class History:
+    """Appends one JSON object per line to a file shared with nobody else."""
+
+    def __init__(self, path: str, worker: str) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._worker = worker
+
+    def add(self, ev: str, **fields: Any) -> None:
+        line = json.dumps({"ev": ev, "w": self._worker, "t": time.monotonic(), **fields})
+        os.write(self._fd, (line + "\n").encode())
+
+
+class Worker:
+    """The loop of one worker process; see the module docstring."""
+
+    def __init__(self, args: argparse.Namespace, history: History, pool: asyncpg.Pool) -> None:
+        self.args = args
+        self.history = history
+        self.pool = pool
+        self.rng = random.Random(args.seed)
+        self.client = LeaseClient(args.target, args.namespace, call_timeout=args.call_timeout)
+        self.stopping = asyncio.Event()
+        self.deadline = 0.0  # the held lease's trust deadline (monotonic), sampled
+
+    async def run(self) -> None:
+        h = self.history
+        h.add("start", owner=self.client.owner_id, pid=os.getpid())
+        try:
+            while not self.stopping.is_set():
+                await self.one_lease()
+        finally:
+            await self.client.close()
+            h.add("stop", owner=self.client.owner_id)
+
+    async def one_lease(self) -> None:
+        h, rng = self.history, self.rng
+        task_id = f"task-{rng.randrange(self.args.tasks)}"
+        release = rng.random() >= self.args.abandon_rate
+        fence = 0
+        h.add("claim", task=task_id)
+        try:
+            async with self.client.hold(
+                task_id, ttl=self.args.ttl, release_on_exit=release
+            ) as lease:
+                fence = lease.fence
+                info = lease.info
+                expire_us = micros(info.expire_time)
+                assert expire_us is not None
+                self.deadline = time.monotonic() + lease.remaining_s()
+                h.add(
+                    "grant",
+                    task=task_id,
+                    fence=fence,
+                    owner=info.owner_id,
+                    claim_us=micros(info.claim_time),
+                    expire_us=expire_us,
+                    db_now_us=expire_us - round(info.remaining_ttl * 1e6),
+                    deadline=self.deadline,
+                )
+                sampler = asyncio.get_running_loop().create_task(self.sample_deadline(lease))
+                try:
+                    await self.steps(lease)
+                except asyncio.CancelledError:
+                    # hold() cancels the block the moment ownership is lost: this
+                    # is when the worker learns of it (the release that follows
+                    # may take a while longer).
+                    loss = lease.loss
+                    h.add(
+                        "cancelled",
+                        task=task_id,
+                        fence=fence,
+                        deadline=self.deadline,
+                        lost_t=time.monotonic(),
+                        reason=loss.reason if loss else None,
+                    )
+                    raise
+                finally:
+                    sampler.cancel()
+            h.add("released" if release else "abandoned", task=task_id, fence=fence)
+        except NotAcquired as error:
+            h.add("refused", task=task_id, holder_remaining_ttl=error.holder_remaining_ttl)
+            await asyncio.sleep(rng.uniform(0.02, self.args.ttl / 4))
+        except LeaseLost as error:
+            # code ABORTED: the service refused the fence; None: the client's own deadline.
+            h.add(
+                "lost",
+                task=task_id,
+                fence=fence or error.fence,
+                reason=error.reason,
+                code=error.code.name if error.code is not None else None,
+            )
+        except StaleFence as error:
+            h.add("stale", task=task_id, fence=fence, reason=error.reason)
+        except (EffectInDoubt, EffectFailed) as error:
+            h.add("effect_error", task=task_id, fence=fence, error=type(error).__name__)
+        except LeaseError as error:
+            h.add(
+                "error",
+                task=task_id,
+                fence=fence,
+                error=type(error).__name__,
+                reason=error.reason,
+                code=str(error.code),
+            )
+            await asyncio.sleep(rng.uniform(0.05, 0.3))
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as error:
+            h.add("error", task=task_id, fence=fence, error=type(error).__name__)
+            await asyncio.sleep(rng.uniform(0.05, 0.3))
+
+    async def sample_deadline(self, lease: HeldLease) -> None:
+        """Keeps ``self.deadline`` within a few ms of the lease's trust deadline."""
+        while True:
+            if not lease.lost:
+                self.deadline = time.monotonic() + lease.remaining_s()
+            await asyncio.sleep(DEADLINE_SAMPLE_S)
+
+    async def steps(self, lease: HeldLease) -> None:
+        rng, args = self.rng, self.args
+        for step in range(rng.randint(1, args.max_steps)):
+            await asyncio.sleep(rng.uniform(0, args.ttl * args.work_fraction))
+            if rng.random() < args.validate_rate:
+                await self.validate(lease)
+            policy = "ONCE" if rng.random() < args.once_rate else "LATEST"
+            key = f"{policy.lower()}-{step}"
+            runner = lease.effect(key, policy=policy, reconcile=partial(self.reconcile, lease, key))
+            outcome = await runner.run(partial(self.apply, lease, key, policy))
+            self.history.add(
+                "effect",
+                task=lease.task_id,
+                fence=lease.fence,
+                key=key,
+                policy=policy,
+                fresh=outcome.fresh,
+                result=outcome.result.decode(errors="replace"),
+            )
+            if self.stopping.is_set():
+                return
+
+    async def validate(self, lease: HeldLease) -> None:
+        check = await self.client.validate_fence(lease.task_id, lease.fence)
+        fields: dict[str, Any] = {}
+        if check.valid and check.expire_time is not None:
+            expire_us = micros(check.expire_time)
+            assert expire_us is not None
+            fields = {
+                "expire_us": expire_us,
+                "db_now_us": expire_us - round(check.remaining_ttl * 1e6),
+            }
+        self.history.add(
+            "validate",
+            task=lease.task_id,
+            fence=lease.fence,
+            valid=check.valid,
+            current_fence=check.current_fence,
+            reason=check.reason,
+            **fields,
+        )
+
+    async def apply(self, lease: HeldLease, key: str, policy: str) -> str:
+        """The effect: one transaction that accepts the fence, then records the apply."""
+        h = self.history
+        h.add(
+            "apply",
+            task=lease.task_id,
+            fence=lease.fence,
+            key=key,
+            policy=policy,
+            deadline=self.deadline,
+            lost=lease.lost,
+        )
+        # The outside system's latency (a vendor's API): a pause or a loss can land
+        # between PROCEED and the write, which the fence table must then refuse.
+        await asyncio.sleep(self.rng.uniform(0, self.args.ttl * self.args.effect_latency_fraction))
+        async with self.pool.acquire() as conn, conn.transaction():
+            try:
+                await accept_fence_asyncpg(conn, lease.ref)
+            except FenceRefused as refused:
+                # Nothing happened: the reservation stays in doubt for the next
+                # owner, whose fenced read will find no apply.
+                h.add(
+                    "apply_refused",
+                    task=lease.task_id,
+                    fence=lease.fence,
+                    key=key,
+                    highest_fence=refused.highest_fence,
+                )
+                raise
+            row = await conn.fetchrow(
+                INSERT_APPLY_SQL,
+                lease.namespace,
+                lease.task_id,
+                key,
+                policy,
+                lease.fence,
+                lease.owner_id,
+            )
+        h.add(
+            "applied",
+            task=lease.task_id,
+            fence=lease.fence,
+            key=key,
+            policy=policy,
+            apply_id=row["apply_id"],
+            apply_us=micros(row["apply_time"]),
+        )
+        return f"apply-{row['apply_id']}"
+
+    async def reconcile(self, lease: HeldLease, key: str, effect: object) -> str | None:
+        """A fenced read of the outside system: the apply's id, or None (never applied)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await accept_fence_asyncpg(conn, lease.ref)
+            apply_id = await conn.fetchval(FIND_APPLY_SQL, lease.namespace, lease.task_id, key)
+        self.history.add(
+            "reconciled", task=lease.task_id, fence=lease.fence, key=key, apply_id=apply_id
+        )
+        return None if apply_id is None else f"apply-{apply_id}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", required=True, help="the lease service (gRPC target)")
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--effects-url", required=True, help="PostgreSQL of the outside system")
+    parser.add_argument("--history", required=True, help="JSON-lines file to append to")
+    parser.add_argument("--name", required=True, help="this worker's label in the history")
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--tasks", type=int, default=3)
+    parser.add_argument("--ttl", type=float, default=1.0, help="lease ttl, seconds")
+    parser.add_argument("--call-timeout", type=float, default=2.0, help="seconds")
+    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument(
+        "--work-fraction",
+        type=float,
+        default=0.5,
+        help="a step's work lasts up to this fraction of the ttl",
+    )
+    parser.add_argument(
+        "--effect-latency-fraction",
+        type=float,
+        default=0.3,
+        help="an apply takes up to this fraction of the ttl before it writes",
+    )
+    parser.add_argument("--validate-rate", type=float, default=0.3)
+    parser.add_argument("--once-rate", type=float, default=0.6)
+    parser.add_argument(
+        "--abandon-rate",
+        type=float,
+        default=0.15,
+        help="share of leases left to expire instead of released",
+    )
+    return parser.parse_args(argv)
+
+
+async def amain(args: argparse.Namespace) -> None:
+    history = History(args.history, args.name)
+    pool = await asyncpg.create_pool(
+        args.effects_url, min_size=1, max_size=2, command_timeout=args.call_timeout * 2
+    )
+    worker = Worker(args, history, pool)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, worker.stopping.set)
+    try:
+        await worker.run()
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(pool.close(), 2)
+
+
+if __name__ == "__main__":
+    asyncio.run(amain(parse_args()))
