@@ -50,6 +50,22 @@ def faketime_prefix(offset: str | None) -> list[str]:
     return ["faketime", "-f", offset]
 
 
+def faketime_env(offset: str) -> dict[str, str]:
+    """Environment that runs a process under libfaketime with ``offset`` (e.g. ``'-90s'``).
+
+    The library itself (``LD_PRELOAD``) rather than the ``faketime`` wrapper: the
+    wrapper names a semaphore after its pid, and one left behind by a SIGKILLed
+    wrapper makes a later wrapper with the same pid fail ("sem_open: File exists").
+
+    Raises:
+        FileNotFoundError: libfaketime is not installed.
+    """
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    if not found:
+        raise FileNotFoundError("libfaketime not installed (apt-get install faketime)")
+    return {"LD_PRELOAD": str(found[0]), "FAKETIME": offset}
+
+
 class ServerProcess:
     """A ``leasekeeper serve`` subprocess, its port and its log."""
 

@@ -33,8 +33,10 @@ The properties (each violation is one line naming the evidence):
    record names an existing apply; no FAILED record for an applied effect)
    and every worker that got a ONCE effect's result got the same one.
 5. ``trust``: a worker learnt of every loss by its local trust deadline
-   (within ``tolerance_s``; ``cancelled`` events: the moment ``hold()``
-   cancelled its work), and never started an apply after its deadline,
+   (within ``tolerance_s``, 0.5 s by default: the scheduling delay a timer may
+   suffer on a loaded 2-core machine, where 0.28 s has been seen; judged on
+   ``cancelled`` events: the moment ``hold()`` cancelled its work), and never
+   started an apply after its deadline,
    unless it was paused (SIGSTOP) around that moment: a paused process cannot
    run its timers, which is what fencing is for.
 """
@@ -102,7 +104,7 @@ def check(
     applies: Sequence[Row],
     effects: Sequence[Row],
     *,
-    tolerance_s: float = 0.3,
+    tolerance_s: float = 0.5,
 ) -> Verdict:
     """Checks one history; see the module docstring for the properties."""
     out: list[str] = []

@@ -180,7 +180,10 @@ class Worker:
             if rng.random() < args.validate_rate:
                 await self.validate(lease)
             policy = "ONCE" if rng.random() < args.once_rate else "LATEST"
-            key = f"{policy.lower()}-{step}"
+            # ONCE keys are shared by the owners of four consecutive fences (a
+            # replacement must find its predecessor's effect), then fresh ones
+            # start, so a long run keeps applying new ONCE effects.
+            key = f"once-r{lease.fence // 4}-{step}" if policy == "ONCE" else f"latest-{step}"
             runner = lease.effect(key, policy=policy, reconcile=partial(self.reconcile, lease, key))
             outcome = await runner.run(partial(self.apply, lease, key, policy))
             self.history.add(

@@ -35,7 +35,6 @@ import dataclasses
 import json
 import os
 import random
-import shutil
 import signal
 import sys
 import time
@@ -51,10 +50,11 @@ from tests.fault.dburl import database_address, proxied
 from tests.fault.history.checker import Verdict, check
 from tests.fault.history.schema import ensure_schema
 from tests.fault.history.worker import micros
-from tests.fault.processes import ServerProcess, faketime_prefix, server_env, server_process
+from tests.fault.processes import ServerProcess, faketime_env, server_env, server_process
 from tests.fault.proxy import TcpProxy
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+FAKETIME_LIBRARIES = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
 FAULT_KINDS = (
     "pause_worker",
     "kill_worker",
@@ -174,7 +174,7 @@ class Workload:
             await proxy.start()
             link = Link(index, db_proxy, proxy)
             self.links.append(link)
-            if index > 0 and self.config.skew_clocks and shutil.which("faketime"):
+            if index > 0 and self.config.skew_clocks and FAKETIME_LIBRARIES:
                 offset_s = self.rng.choice([-1, 1]) * self.rng.randint(30, 7200)
                 self.clock_offsets[index] = f"{offset_s:+d}s"
             await self.start_server(link)
@@ -183,11 +183,24 @@ class Workload:
         """Starts the link's server (which waits for an unreachable database by itself)."""
         env = server_env(proxied(self.config.database_url, link.db_proxy.port), **SERVER_SETTINGS)
         link.stack = contextlib.AsyncExitStack()
-        prefix = faketime_prefix(self.clock_offsets.get(link.index))
+        offset = self.clock_offsets.get(link.index)
+        if offset is not None:
+            env.update(faketime_env(offset))
         link.server = await link.stack.enter_async_context(
-            server_process(self.workdir / "servers", env, prefix)
+            server_process(self.workdir / "servers", env)
         )
         link.proxy.target_port = link.server.port
+
+    async def restart_server(self, link: Link, attempts: int = 3) -> None:
+        """Starts the link's server again; a start that fails is retried (then logged)."""
+        for attempt in range(attempts):
+            try:
+                await self.start_server(link)
+                return
+            except AssertionError as error:
+                await link.stack.aclose()
+                if attempt == attempts - 1:
+                    print(f"history workload: server {link.index} did not restart: {error}")
 
     def target(self, first: int) -> str:
         """Every server's proxy, starting with ``first`` (gRPC's pick_first tries in order)."""
@@ -303,7 +316,7 @@ class Workload:
             await link.stack.aclose()
 
             async def restart() -> None:
-                await self.start_server(link)
+                await self.restart_server(link)
 
             self.later(down_s, restart)
         else:
@@ -363,7 +376,7 @@ class Workload:
             link.db_proxy.restore()
             if link.server is None or link.server.proc.returncode is not None:
                 await link.stack.aclose()
-                await self.start_server(link)
+                await self.restart_server(link)
         for name in self.workers:
             self.signal_worker(name, signal.SIGCONT)
 
