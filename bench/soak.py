@@ -1,13 +1,15 @@
 """Soak: the history workload for a long time, then its counts (violations must be 0).
 
-    .venv/bin/python bench/soak.py --minutes 10 [--seed N] [--workers 6]
+    .venv/bin/python bench/soak.py --minutes 10 [--seed N] [--workers 6] [--crash-database]
 
 Runs ``tests/fault/history`` (real worker processes, two real servers, random
 faults from the seed) against the database in ``LEASEKEEPER_TEST_DATABASE_URL``
 or a fresh database on the local PostgreSQL (127.0.0.1:5432), or an embedded
-one when none answers. Server 0 is never killed, so its memory can be watched:
-its resident set size (RSS) is sampled every ``--sample-s`` seconds and printed
-with the counts. Exits 1 when the checker found a violation.
+one when none answers; with ``--crash-database``, against a private cluster
+(``tests/fault/cluster.py``) that the workload also crashes and restarts.
+Server 0 is never killed, so its memory can be watched: its resident set size
+(RSS) is sampled every ``--sample-s`` seconds and printed with the counts.
+Exits 1 when the checker found a violation.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from leasekeeper_server.migrate import migrate  # noqa: E402
 from tests.conftest import _embedded_database, _local_database, _local_postgres_answers  # noqa: E402
+from tests.fault.cluster import PgCluster  # noqa: E402
 from tests.fault.history.workload import Workload, WorkloadConfig  # noqa: E402
 
 
@@ -61,9 +64,22 @@ async def sample_memory(workload: Workload, every_s: float, samples: list[tuple[
             samples.append((time.monotonic() - start, mib))
 
 
-async def soak(args: argparse.Namespace, database_url: str) -> int:
-    await migrate(database_url)
+async def soak(args: argparse.Namespace, database_url: str | None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="leasekeeper-soak-"))
+    if database_url is not None:
+        await migrate(database_url)
+        return await soak_on(args, database_url, workdir, None)
+    async with PgCluster(workdir / "pg") as cluster:
+        await cluster.init()
+        await cluster.start()
+        database_url = cluster.url("postgres")
+        await migrate(database_url)
+        return await soak_on(args, database_url, workdir, cluster)
+
+
+async def soak_on(
+    args: argparse.Namespace, database_url: str, workdir: Path, cluster: PgCluster | None
+) -> int:
     config = WorkloadConfig(
         database_url=database_url,
         workdir=workdir,
@@ -73,6 +89,7 @@ async def soak(args: argparse.Namespace, database_url: str) -> int:
         tasks=args.tasks,
         ttl_s=args.ttl,
         spared_servers=1,
+        cluster=cluster,
     )
     workload = Workload(config)
     samples: list[tuple[float, float]] = []
@@ -92,11 +109,13 @@ async def soak(args: argparse.Namespace, database_url: str) -> int:
     print(f"stale fences refused: {counts['stale_fences_refused']}")
     print(f"violations found: {len(report.verdict.violations)}")
     if samples:
-        first = next((mib for t, mib in samples if t >= 60), samples[0][1])
+        t0, first = samples[0]
+        t1, minute = next(((t, mib) for t, mib in samples if t >= 60), samples[0])
+        t2, last = samples[-1]
         print(
-            f"server 0 RSS: {samples[0][1]:.1f} MiB at {samples[0][0]:.0f} s, "
-            f"{first:.1f} MiB at 1 min, {samples[-1][1]:.1f} MiB at {samples[-1][0]:.0f} s "
-            f"(max {max(m for _, m in samples):.1f} MiB, {len(samples)} samples)"
+            f"server 0 RSS: {first:.1f} MiB at {t0:.0f} s, {minute:.1f} MiB at {t1:.0f} s, "
+            f"{last:.1f} MiB at {t2:.0f} s (max {max(m for _, m in samples):.1f} MiB, "
+            f"{len(samples)} samples)"
         )
     print(f"history and logs: {workdir}")
     return 1 if report.verdict.violations else 0
@@ -110,8 +129,15 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=3)
     parser.add_argument("--ttl", type=float, default=1.0, help="lease ttl, seconds")
     parser.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
+    parser.add_argument(
+        "--crash-database",
+        action="store_true",
+        help="run on a private PostgreSQL cluster and crash it too",
+    )
     args = parser.parse_args()
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    if args.crash_database:
+        return asyncio.run(soak(args, None))
     url = os.environ.get("LEASEKEEPER_TEST_DATABASE_URL")
     with contextlib.ExitStack() as stack:
         if not url:
