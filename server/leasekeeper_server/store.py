@@ -38,6 +38,10 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InsufficientResourcesError,  # class 53: too many connections, disk full
     asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
     asyncpg.exceptions.ReadOnlySQLTransactionError,  # a standby while a failover settles
+    # The driver lost track of the protocol ("cannot switch to state 12; another
+    # operation is in progress"): seen when PostgreSQL ends a session in the
+    # middle of an operation (a crash, a restart). The connection is dropped.
+    asyncpg.exceptions.InternalClientError,
 )
 
 
@@ -131,10 +135,10 @@ class Store:
             async with self._pool.acquire(timeout=self._settings.connect_timeout_s) as conn:
                 try:
                     yield conn
-                except TimeoutError:
-                    # The driver gave up on an answer: the connection may be
-                    # black-holed. Drop it rather than wait for its cancellation
-                    # when the pool takes it back.
+                except (TimeoutError, asyncpg.exceptions.InternalClientError):
+                    # The driver gave up on an answer (the connection may be
+                    # black-holed) or lost the protocol's state: drop the
+                    # connection rather than hand it back to the pool.
                     conn.terminate()
                     raise
 

@@ -19,7 +19,9 @@ Afterwards, against the database:
 * every acknowledged release is in the row (released, or superseded by a newer
   fence); every acknowledged completion is a completed row;
 * every failed call failed UNAVAILABLE with DATABASE_UNAVAILABLE (never
-  INTERNAL, never ABORTED: no lease came near its ttl), and no call sent after a
+  INTERNAL, never ABORTED: no lease came near its ttl; the one exception is a
+  Release retried after an UNAVAILABLE whose attempt had committed, refused
+  LEASE_SUPERSEDED once another owner claimed the task), and no call sent after a
   crash and answered before the restart began was answered OK;
 * the same server process says SERVING and grants a fresh claim within
   ``RECOVER_WITHIN_S`` of the database accepting connections again.
@@ -106,6 +108,7 @@ class Answer:
     answered: float
     code: grpc.StatusCode
     reason: str = ""
+    retry: bool = False  # an earlier attempt of the same call ended UNAVAILABLE
 
 
 @dataclass
@@ -144,13 +147,16 @@ class Record:
         UNAVAILABLE is retried (recorded each time); any other error is recorded
         and ends the step.
         """
+        retry = False
         while True:
             sent = time.monotonic()
             try:
                 reply = await make()
             except grpc.aio.AioRpcError as exc:
                 reason = _reason(exc)
-                self.answers.append(Answer(method, sent, time.monotonic(), exc.code(), reason))
+                answer = Answer(method, sent, time.monotonic(), exc.code(), reason, retry)
+                self.answers.append(answer)
+                retry = True
                 self.changed.set()
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     return None
@@ -321,8 +327,19 @@ async def test_postgres_crash_restart_under_load_keeps_acknowledged_and_recovers
     assert "internal error" not in logs, logs
 
     # Every failed call failed UNAVAILABLE/DATABASE_UNAVAILABLE; there were such calls.
+    # Except one honest outcome: a Release whose first attempt committed but was
+    # answered UNAVAILABLE, retried after another owner claimed the task, is
+    # refused LEASE_SUPERSEDED (a stale release leaves the newer lease alone).
+    superseded_retries = [
+        a
+        for a in record.answers
+        if (a.method, a.code, a.reason, a.retry)
+        == ("Release", grpc.StatusCode.ABORTED, "LEASE_SUPERSEDED", True)
+    ]
     failures = Counter(
-        (a.method, a.code.name, a.reason) for a in record.answers if a.code != grpc.StatusCode.OK
+        (a.method, a.code.name, a.reason)
+        for a in record.answers
+        if a.code != grpc.StatusCode.OK and a not in superseded_retries
     )
     assert set(failures) <= {
         (m, "UNAVAILABLE", "DATABASE_UNAVAILABLE")

@@ -1,0 +1,44 @@
+"""Driver errors leave the store as DatabaseUnavailable; a broken connection is dropped.
+
+asyncpg raises ``InternalClientError`` ("cannot switch to state 12; another
+operation (2) is in progress") when PostgreSQL ends a session in the middle
+of an operation; tests/fault/test_postgres_restart.py met it a few times in
+fifty runs, answered INTERNAL. It cannot be provoked on demand, so here the
+driver's method raises it once, on a real pool and a real database.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from leasekeeper_server.errors import DatabaseUnavailable
+from leasekeeper_server.store import Store
+from leasekeeper_server.validate import TaskKey
+from tests.conftest import make_settings
+
+
+async def test_internal_client_error_is_unavailable_and_connection_dropped(
+    database_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await Store.open(database_url, make_settings(database_url))
+    try:
+        broken: list[asyncpg.Connection] = []
+        real_fetchrow = asyncpg.connection.Connection.fetchrow
+
+        async def fetchrow_once_broken(self: asyncpg.Connection, *args: object, **kw: object):
+            if not broken:
+                broken.append(self)
+                raise asyncpg.exceptions.InternalClientError(
+                    "cannot switch to state 12; another operation (2) is in progress"
+                )
+            return await real_fetchrow(self, *args, **kw)
+
+        monkeypatch.setattr(asyncpg.connection.Connection, "fetchrow", fetchrow_once_broken)
+        key = TaskKey(namespace, "t")
+        with pytest.raises(DatabaseUnavailable, match="InternalClientError"):
+            await store.get_task(key)
+        assert broken[0].is_closed()  # terminated, not handed back to the pool
+        assert await store.get_task(key) is None  # the next call gets a sound connection
+    finally:
+        await store.close()
