@@ -41,6 +41,7 @@ async def test_history_of_seed_has_no_violation(
     assert counts["grants.database"] >= 10, report.summary()
     assert counts["event.applied"] >= 5, report.summary()
     assert sum(v for k, v in counts.items() if k.startswith("fault.")) >= 5, report.summary()
+    assert counts["workers.crashed"] == 0, report.summary()
 
 
 async def test_history_with_database_crashes_has_no_violation(tmp_path: Path) -> None:
@@ -61,5 +62,6 @@ async def test_history_with_database_crashes_has_no_violation(tmp_path: Path) ->
     counts = report.verdict.counts
     assert report.verdict.violations == [], report.summary()
     assert counts["fault.crash_database"] >= 1, report.summary()
+    assert counts["workers.crashed"] == 0, report.summary()
     assert counts["grants.database"] >= 10, report.summary()
     assert counts["event.applied"] >= 5, report.summary()

@@ -169,3 +169,18 @@ def test_late_loss_of_a_paused_worker_is_excused_and_counted() -> None:
     verdict = check(**history)  # type: ignore[arg-type]
     assert verdict.violations == []
     assert verdict.counts["lost.late_after_pause"] == 1
+
+
+def test_late_loss_of_a_starved_worker_is_excused_and_counted() -> None:
+    history = mutated(lambda h: h["events"][7].update(lost_t=15.0))
+    history["events"].append({"ev": "stall", "w": "w2", "t": 15.0, "since": 14.0, "stall_s": 0.9})
+    verdict = check(**history)  # type: ignore[arg-type]
+    assert verdict.violations == []
+    assert verdict.counts["lost.late_after_stall"] == 1
+    assert verdict.counts["stalls.max_ms"] == 900
+
+
+def test_a_stall_of_another_worker_excuses_nothing() -> None:
+    history = mutated(lambda h: h["events"][7].update(lost_t=15.0))
+    history["events"].append({"ev": "stall", "w": "w1", "t": 15.0, "since": 14.0, "stall_s": 0.9})
+    assert len(run(history)) == 1

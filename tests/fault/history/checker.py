@@ -37,8 +37,9 @@ The properties (each violation is one line naming the evidence):
    suffer on a loaded 2-core machine, where 0.28 s has been seen; judged on
    ``cancelled`` events: the moment ``hold()`` cancelled its work), and never
    started an apply after its deadline,
-   unless it was paused (SIGSTOP) around that moment: a paused process cannot
-   run its timers, which is what fencing is for.
+   unless it was paused (SIGSTOP) or starved of the CPU (a ``stall`` event:
+   its event loop woke 0.1 s or more late) around that moment: such a process
+   cannot run its timers, which is what fencing is for.
 """
 
 from __future__ import annotations
@@ -267,6 +268,11 @@ def _check_trust(
     for f in faults:
         if f["kind"] == "pause_worker":
             pauses[f["target"]].append((f["t"], f["until"]))
+    stalls: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        if e["ev"] == "stall":
+            stalls[e["w"]].append((e["since"], e["since"] + e["stall_s"]))
+            counts["stalls.max_ms"] = max(counts["stalls.max_ms"], round(e["stall_s"] * 1000))
     late_max_s = 0.0
     for e in events:
         deadline = e.get("deadline")
@@ -279,6 +285,8 @@ def _check_trust(
                 late_max_s = max(late_max_s, late_s)
             elif _paused_near(pauses, e["w"], deadline - tolerance_s, e["lost_t"]):
                 counts["lost.late_after_pause"] += 1
+            elif _paused_near(stalls, e["w"], deadline - tolerance_s, e["lost_t"]):
+                counts["lost.late_after_stall"] += 1
             else:
                 out.append(
                     f"trust: worker {e['w']} learnt of losing {e['task']}/{e['fence']} "
@@ -287,6 +295,8 @@ def _check_trust(
         elif e["ev"] == "apply" and (e["lost"] or e["t"] > deadline + tolerance_s):
             if _paused_near(pauses, e["w"], deadline - tolerance_s, e["t"]):
                 counts["apply.after_pause"] += 1
+            elif _paused_near(stalls, e["w"], deadline - tolerance_s, e["t"]):
+                counts["apply.after_stall"] += 1
             else:
                 out.append(
                     f"trust: worker {e['w']} started an apply of {e['task']}/{e['fence']} "

@@ -47,6 +47,8 @@ from leasekeeper.lease import HeldLease
 from .schema import FIND_APPLY_SQL, INSERT_APPLY_SQL
 
 DEADLINE_SAMPLE_S = 0.02
+STALL_PROBE_S = 0.02
+STALL_RECORDED_S = 0.1  # a loop that woke this much late was starved (or paused)
 
 
 def micros(instant: datetime | None) -> int | None:
@@ -84,12 +86,28 @@ class Worker:
     async def run(self) -> None:
         h = self.history
         h.add("start", owner=self.client.owner_id, pid=os.getpid())
+        watch = asyncio.get_running_loop().create_task(self.watch_stalls())
         try:
             while not self.stopping.is_set():
                 await self.one_lease()
         finally:
+            watch.cancel()
             await self.client.close()
             h.add("stop", owner=self.client.owner_id)
+
+    async def watch_stalls(self) -> None:
+        """Records each time this process did not run for a while (``stall`` events).
+
+        On a loaded machine a process can wait for a core long enough to miss
+        its own timers, as a SIGSTOPped one does; the checker then excuses a late
+        loss as it excuses one after a pause (and fences must protect the effect).
+        """
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(STALL_PROBE_S)
+            late_s = time.monotonic() - before - STALL_PROBE_S
+            if late_s >= STALL_RECORDED_S:
+                self.history.add("stall", since=before + STALL_PROBE_S, stall_s=late_s)
 
     async def one_lease(self) -> None:
         h, rng = self.history, self.rng
@@ -315,8 +333,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def amain(args: argparse.Namespace) -> None:
     history = History(args.history, args.name)
+    # min_size=0: no connection at start, so a worker started while the database
+    # is down (crashed by the workload) runs and records its errors instead of exiting.
     pool = await asyncpg.create_pool(
-        args.effects_url, min_size=1, max_size=2, command_timeout=args.call_timeout * 2
+        args.effects_url, min_size=0, max_size=2, command_timeout=args.call_timeout * 2
     )
     worker = Worker(args, history, pool)
     loop = asyncio.get_running_loop()

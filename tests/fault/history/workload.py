@@ -162,6 +162,7 @@ class Workload:
         self.healing: set[asyncio.Task[None]] = set()
         self.worker_count = 0
         self.clock_offsets: dict[int, str] = {}
+        self.killed: set[str] = set()
 
     # -- servers and links ------------------------------------------------------------
 
@@ -259,7 +260,10 @@ class Workload:
     async def inject(self, kind: str) -> None:
         rng, ttl_s = self.rng, self.config.ttl_s
         if kind in ("pause_worker", "kill_worker"):
-            name = rng.choice(sorted(n for n, p in self.workers.items() if p.returncode is None))
+            alive = sorted(n for n, p in self.workers.items() if p.returncode is None)
+            if not alive:
+                return
+            name = rng.choice(alive)
             if kind == "pause_worker":
                 pause_s = rng.uniform(0.1, 3 * ttl_s)
                 self.record(kind, name, pause_s)
@@ -271,6 +275,7 @@ class Workload:
                 self.later(pause_s, resume)
             else:
                 self.record(kind, name)
+                self.killed.add(name)
                 self.signal_worker(name, signal.SIGKILL)
                 await self.workers[name].wait()
                 await self.start_worker()
@@ -357,6 +362,11 @@ class Workload:
                 await link.proxy.close()
                 await link.db_proxy.close()
         verdict = await self.judge()
+        # A worker that exited by itself (not killed by a fault, not 0 after SIGTERM)
+        # is a bug of the workload or the client; its log says which.
+        crashed = [n for n, p in self.workers.items() if n not in self.killed and p.returncode]
+        verdict.counts["workers.crashed"] = len(crashed)
+        verdict.counts["workers.started"] = len(self.workers)
         elapsed_s = time.monotonic() - started
         return Report(cfg, self.namespace, verdict, elapsed_s, self.clock_offsets)
 
