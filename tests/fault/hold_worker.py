@@ -59,13 +59,19 @@ async def run(args: argparse.Namespace) -> int:
                 seq = 0
                 try:
                     while args.steps is None or seq < args.steps:
-                        lease.check()
+                        try:
+                            lease.check()
+                        except LeaseLost:
+                            # The deadline passed while this process was not running
+                            # (hold() had no chance to cancel first): it stops all the same.
+                            emit("cancelled", by="check")
+                            raise
                         seq += 1
                         now = time.monotonic()
                         emit("act", seq=seq, trust_deadline=now + lease.remaining_s())
                         await asyncio.sleep(STEP_INTERVAL_S)
                 except asyncio.CancelledError:
-                    emit("cancelled")
+                    emit("cancelled", by="hold")
                     raise
         except LeaseLost as lost:
             emit("lost", reason=lost.reason)
