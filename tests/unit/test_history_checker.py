@@ -21,7 +21,7 @@ def clean() -> dict[str, list[dict[str, Any]]]:
     return {
         "events": [
             {"ev": "grant", "w": "w1", "t": 10.0, "task": "t", "fence": 1, "owner": "a",
-             "deadline": 10.8},
+             "claim_us": 0, "db_now_us": 20, "deadline": 10.8},
             {"ev": "validate", "w": "w1", "t": 10.1, "task": "t", "fence": 1, "valid": True,
              "db_now_us": 1 * S},
             {"ev": "apply", "w": "w1", "t": 10.2, "task": "t", "fence": 1, "key": "once-0",
@@ -29,7 +29,7 @@ def clean() -> dict[str, list[dict[str, Any]]]:
             {"ev": "effect", "w": "w1", "t": 10.3, "task": "t", "fence": 1, "key": "once-0",
              "policy": "ONCE", "fresh": True, "result": "apply-1"},
             {"ev": "grant", "w": "w2", "t": 13.0, "task": "t", "fence": 2, "owner": "b",
-             "deadline": 13.8},
+             "claim_us": 2 * S, "db_now_us": 2 * S + 15, "deadline": 13.8},
             {"ev": "effect", "w": "w2", "t": 13.1, "task": "t", "fence": 2, "key": "once-0",
              "policy": "ONCE", "fresh": False, "result": "apply-1"},
             {"ev": "validate", "w": "w2", "t": 13.2, "task": "t", "fence": 2, "valid": False,
@@ -40,13 +40,13 @@ def clean() -> dict[str, list[dict[str, Any]]]:
         "faults": [{"kind": "pause_worker", "target": "w3", "t": 0.0, "until": 1.0}],
         "versions": [
             {"task_id": "t", "owner_id": "a", "fence": 1, "state": "held", "claim_us": 0,
-             "expire_us": 1 * S},
+             "expire_us": 1 * S, "update_us": 0},
             {"task_id": "t", "owner_id": "a", "fence": 1, "state": "held", "claim_us": 0,
-             "expire_us": 3 * S},
+             "expire_us": 3 * S, "update_us": S // 2},
             {"task_id": "t", "owner_id": "a", "fence": 1, "state": "released", "claim_us": 0,
-             "expire_us": 2 * S},
+             "expire_us": 2 * S, "update_us": 2 * S},
             {"task_id": "t", "owner_id": "b", "fence": 2, "state": "held", "claim_us": 2 * S,
-             "expire_us": 4 * S},
+             "expire_us": 4 * S, "update_us": 2 * S},
         ],
         "tasks": [{"task_id": "t", "fence": 2}],
         "applies": [
@@ -91,7 +91,8 @@ CASES = {
     ),
     "acknowledged grant lost": (
         lambda h: h["events"].append({"ev": "grant", "w": "w9", "t": 20.0, "task": "t",
-                                      "fence": 3, "owner": "z", "deadline": None}),
+                                      "fence": 3, "owner": "z", "claim_us": 5 * S,
+                                      "db_now_us": 5 * S, "deadline": None}),
         "fence-order: grant t/3 to z acknowledged but the database has no such grant",
     ),
     "two workers told the same fence": (
@@ -112,6 +113,14 @@ CASES = {
     "valid after the lease ended": (
         lambda h: h["events"][1].update(db_now_us=2 * S),
         "validate: t/1 valid at 2000000, outside its lease [0, 2000000)",
+    ),
+    "renewal after expiry": (
+        lambda h: h["versions"][1].update(update_us=S),
+        "no-revival: t fence 1 renewed 0.000000 s after it expired",
+    ),
+    "remaining ttl overstated": (
+        lambda h: h["events"][0].update(db_now_us=-S // 2),
+        "remaining-ttl: grant t/1 to w1 describes an instant 0.500000 s before the grant",
     ),
     "ONCE applied twice": (
         lambda h: h["applies"].append({"apply_id": 2, "task_id": "t", "effect_key": "once-0",

@@ -27,6 +27,11 @@ The properties (each violation is one line naming the evidence):
 3. ``validate``: ValidateFence answered valid only at an instant inside its
    fence's lease (between its claim_time and its end or the next fence's
    claim_time, whichever is sooner).
+   ``no-revival``: a renewal never extends a lease after its expire_time.
+   ``remaining-ttl``: every grant's ``remaining_ttl`` is consistent with its
+   ``expire_time`` and ``claim_time`` (the instant the answer describes,
+   ``expire_time - remaining_ttl``, is not before the grant), so a worker's
+   trust deadline is never planned on an overstated ttl.
 4. ``effect-once``: no ONCE effect was applied twice; per task, applies were
    accepted in non-decreasing fence order (a stale fence never acted after a
    newer one); the ledger's ONCE records agree with the applies (a SUCCEEDED
@@ -117,6 +122,8 @@ def check(
     spans = lease_spans(versions)
     _check_fence_order(events, versions, tasks, out)
     _check_one_holder(spans, out)
+    _check_no_revival(versions, out)
+    _check_answer_instants(events, out)
     _check_validate(events, spans, out, counts)
     _check_effects(events, applies, effects, out, counts)
     _check_trust(events, faults, tolerance_s, out, counts)
@@ -160,6 +167,30 @@ def _check_fence_order(
             )
         if final.get(task, 0) < fence:
             out.append(f"fence-order: {task} ends at fence {final.get(task)} below granted {fence}")
+
+
+def _check_no_revival(versions: Sequence[Row], out: list[str]) -> None:
+    previous: dict[str, Row] = {}
+    for v in versions:
+        before = previous.get(v["task_id"])
+        previous[v["task_id"]] = v
+        if before is None or (before["fence"], before["state"]) != (v["fence"], "held"):
+            continue
+        if v["state"] == "held" and v["update_us"] >= before["expire_us"]:
+            out.append(
+                f"no-revival: {v['task_id']} fence {v['fence']} renewed "
+                f"{(v['update_us'] - before['expire_us']) / 1e6:.6f} s after it expired"
+            )
+
+
+def _check_answer_instants(events: Sequence[Row], out: list[str]) -> None:
+    for e in events:
+        if e["ev"] == "grant" and e["db_now_us"] < e["claim_us"]:
+            out.append(
+                f"remaining-ttl: grant {e['task']}/{e['fence']} to {e['w']} describes an instant "
+                f"{(e['claim_us'] - e['db_now_us']) / 1e6:.6f} s before the grant "
+                "(expire_time - remaining_ttl < claim_time: the ttl was overstated)"
+            )
 
 
 def _check_one_holder(spans: Mapping[str, list[LeaseSpan]], out: list[str]) -> None:

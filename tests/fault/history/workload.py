@@ -46,6 +46,7 @@ from typing import Any
 
 import asyncpg
 
+from tests.fault.cluster import ClusterError
 from tests.fault.dburl import database_address, proxied
 from tests.fault.history.checker import Verdict, check
 from tests.fault.history.schema import ensure_schema
@@ -163,6 +164,7 @@ class Workload:
         self.worker_count = 0
         self.clock_offsets: dict[int, str] = {}
         self.killed: set[str] = set()
+        self.database_restarting = False
 
     # -- servers and links ------------------------------------------------------------
 
@@ -191,6 +193,20 @@ class Workload:
             server_process(self.workdir / "servers", env)
         )
         link.proxy.target_port = link.server.port
+
+    async def restart_database(self, attempts: int = 3) -> None:
+        """Starts the crashed cluster again (crash recovery); a failed start is retried."""
+        cluster = self.config.cluster
+        try:
+            for attempt in range(attempts):
+                try:
+                    await cluster.start()
+                    return
+                except ClusterError as error:
+                    if attempt == attempts - 1:
+                        print(f"history workload: the database did not restart: {error}")
+        finally:
+            self.database_restarting = False
 
     async def restart_server(self, link: Link, attempts: int = 3) -> None:
         """Starts the link's server again; a start that fails is retried (then logged)."""
@@ -282,12 +298,13 @@ class Workload:
             return
         if kind == "crash_database":
             cluster = self.config.cluster
-            if cluster is None or not cluster.running:
-                return
+            if cluster is None or self.database_restarting or not cluster.running:
+                return  # no crash of a database still starting from the last one
             down_s = rng.uniform(0.1, 1.5)
             self.record(kind, "database", down_s)
+            self.database_restarting = True
             await cluster.crash("immediate")
-            self.later(down_s, cluster.start)
+            self.later(down_s, self.restart_database)
             return
         link = rng.choice(self.links)
         label = f"link{link.index}"
@@ -339,6 +356,8 @@ class Workload:
     async def run(self) -> Report:
         cfg = self.config
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if any(self.workdir.glob("w*.jsonl")):
+            raise ValueError(f"{self.workdir} holds an earlier run's history; use a new folder")
         conn = await asyncpg.connect(cfg.database_url)
         try:
             await ensure_schema(conn)
@@ -363,8 +382,14 @@ class Workload:
                 await link.db_proxy.close()
         verdict = await self.judge()
         # A worker that exited by itself (not killed by a fault, not 0 after SIGTERM)
-        # is a bug of the workload or the client; its log says which.
-        crashed = [n for n, p in self.workers.items() if n not in self.killed and p.returncode]
+        # is a bug of the workload or the client; its log says which. -SIGTERM: the
+        # stop reached a worker still starting, before it installed its handler.
+        benign = (0, -signal.SIGTERM)
+        crashed = [
+            n
+            for n, p in self.workers.items()
+            if n not in self.killed and p.returncode not in benign
+        ]
         verdict.counts["workers.crashed"] = len(crashed)
         verdict.counts["workers.started"] = len(self.workers)
         elapsed_s = time.monotonic() - started
