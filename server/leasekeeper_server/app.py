@@ -60,6 +60,7 @@ class LeaseServer:
         self._health: HealthMonitor | None = None
         self.heartbeats: HeartbeatService | None = None
         self.metrics = Metrics()
+        self.metrics_port: int | None = None
 
     async def start(self) -> int:
         """Migrates the schema and starts serving; returns the bound port.
@@ -101,6 +102,9 @@ class LeaseServer:
         await self._health.start()
         await server.start()
         log.info("leasekeeper serving on %s (port %d)", s.listen, self.port)
+        if s.metrics_listen:
+            self.metrics_port = self.metrics.serve_http(s.metrics_listen)
+            log.info("metrics on http://%s/metrics (port %d)", s.metrics_listen, self.metrics_port)
         return self.port
 
     async def wait(self) -> None:
@@ -121,4 +125,5 @@ class LeaseServer:
             await self._events.stop()
         if self._store is not None:
             await self._store.close()
+        self.metrics.stop_http()
         log.info("leasekeeper stopped")

@@ -2,7 +2,7 @@
 
 Each :class:`~leasekeeper_server.app.LeaseServer` owns one registry, so that
 several servers in one process (the tests run many) never share a counter;
-the operations work exports it over HTTP.
+``serve_http`` exports it over HTTP for Prometheus (``LEASEKEEPER_METRICS_LISTEN``).
 
 Effects (``leasekeeper_effects_total{event}``), one count per call outcome:
 
@@ -23,8 +23,10 @@ refused                   BeginEffect or CompleteEffect refused: a stale fence
 from __future__ import annotations
 
 import enum
+import threading
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 
 class EffectEvent(enum.StrEnum):
@@ -56,6 +58,34 @@ class Metrics:
         )
         for event in EffectEvent:  # every series exists from the start, at 0
             self._effects.labels(event.value)
+
+        self._http: tuple[WSGIServer, threading.Thread] | None = None
+
+    def serve_http(self, listen: str) -> int:
+        """Exports the registry at ``http://{listen}/metrics`` (prometheus-client's server).
+
+        Args:
+            listen: ``host:port``; port 0 picks a free port.
+
+        Returns:
+            The bound port.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        host, _, port = listen.rpartition(":")
+        httpd, thread = start_http_server(int(port), host.strip("[]"), registry=self.registry)
+        self._http = (httpd, thread)
+        return int(httpd.server_address[1])
+
+    def stop_http(self) -> None:
+        """Stops the metrics endpoint, if it runs. Idempotent."""
+        if self._http is not None:
+            httpd, thread = self._http
+            self._http = None
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join(timeout=5)
 
     def effect(self, event: EffectEvent) -> None:
         """Counts one effect event."""

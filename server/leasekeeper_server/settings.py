@@ -36,6 +36,13 @@ class Settings(BaseSettings):
         description="Data directory of the embedded PostgreSQL; survives restarts.",
     )
     listen: str = Field(default="127.0.0.1:9457", description="gRPC listen address host:port.")
+    metrics_listen: str | None = Field(
+        default=None,
+        description=(
+            "Prometheus metrics over HTTP (GET /metrics) on host:port (port 0: any free "
+            "port); unset: no metrics endpoint."
+        ),
+    )
     default_ttl_s: float = Field(
         default=30.0, gt=0, description="Lease ttl when a request sets none."
     )
