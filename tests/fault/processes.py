@@ -1,8 +1,8 @@
 """Real ``leasekeeper serve`` processes for fault tests.
 
 A server is started in a session (process group) of its own, so a signal
-reaches it even under the ``faketime`` wrapper (which forks and waits for its
-child), and so a kill in a ``finally`` leaves nothing behind. It listens on
+reaches every process a ``prefix`` command may have started, and so a kill in
+a ``finally`` leaves nothing behind. It listens on
 ``127.0.0.1:0``; its port is read from its own log line ("serving on ...
 (port N)"), so no port is ever guessed. Output goes to a file, read back by
 ``logs()`` for failure messages.
@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import os
 import re
-import shutil
 import signal
 import sys
 import time
@@ -37,33 +36,46 @@ def leasekeeper_command() -> list[str]:
     return [sys.executable, "-m", "leasekeeper_server.cli"]
 
 
-def faketime_prefix(offset: str | None) -> list[str]:
-    """``faketime -f OFFSET`` (e.g. ``'+1h'``), or nothing for the real clock.
+def faketime_library() -> Path:
+    """libfaketime's preload library: the one the ``libfaketime`` package ships, else the system's.
 
     Raises:
-        FileNotFoundError: libfaketime's ``faketime`` command is not installed.
+        FileNotFoundError: neither is installed (``pip install libfaketime``).
     """
-    if offset is None:
-        return []
-    if shutil.which("faketime") is None:
-        raise FileNotFoundError("faketime not installed (apt-get install faketime)")
-    return ["faketime", "-f", offset]
+    try:
+        import libfaketime
+    except ImportError:
+        shipped: list[Path] = []
+    else:
+        shipped = [Path(libfaketime.__file__).parent / "vendor/libfaketime/src/libfaketime.so.1"]
+    system = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    for library in [*shipped, *system]:
+        if library.exists():
+            return library
+    raise FileNotFoundError("libfaketime not installed (pip install libfaketime)")
 
 
-def faketime_env(offset: str) -> dict[str, str]:
+def faketime_env(offset: str | None) -> dict[str, str]:
     """Environment that runs a process under libfaketime with ``offset`` (e.g. ``'-90s'``).
 
-    The library itself (``LD_PRELOAD``) rather than the ``faketime`` wrapper: the
-    wrapper names a semaphore after its pid, and one left behind by a SIGKILLed
-    wrapper makes a later wrapper with the same pid fail ("sem_open: File exists").
+    Empty for None (the real clock). Only the wall clock is shifted. The
+    library is preloaded (``LD_PRELOAD``) rather than run through the
+    ``faketime`` wrapper, which names a semaphore
+    after its pid: one left behind by a SIGKILLed wrapper makes a later wrapper
+    with the same pid fail ("sem_open: File exists").
 
     Raises:
         FileNotFoundError: libfaketime is not installed.
     """
-    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
-    if not found:
-        raise FileNotFoundError("libfaketime not installed (apt-get install faketime)")
-    return {"LD_PRELOAD": str(found[0]), "FAKETIME": offset}
+    if offset is None:
+        return {}
+    return {
+        "LD_PRELOAD": str(faketime_library()),
+        "FAKETIME": offset,
+        # Only the wall clock: a monotonic clock has no meaning across processes
+        # (its origin is arbitrary), so an offset there tests nothing of ours.
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
 
 
 class ServerProcess:
@@ -83,7 +95,7 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def send_signal(self, sig: int) -> None:
-        """Sends ``sig`` to the server's process group (reaching it through faketime)."""
+        """Sends ``sig`` to the server's process group."""
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, sig)
@@ -207,7 +219,7 @@ async def run_python(
     timeout_s: float = 30.0,
     env: Mapping[str, str] | None = None,
 ) -> tuple[int, str, str]:
-    """Runs a Python script (under ``prefix``, e.g. faketime); returns (code, stdout, stderr)."""
+    """Runs a Python script (under ``prefix``, if any); returns (code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
         *prefix,
         sys.executable,

@@ -31,7 +31,11 @@ async def test_claim_new_task_grants_fence_one_for_ttl(stub, namespace, db):
     assert (lease.namespace, lease.task_id, lease.owner_id) == (namespace, "t", "a")
     assert lease.fence == 1
     assert lease.state == pb.TASK_STATE_HELD
-    assert 1.5 < secs(lease.remaining_ttl) <= 2.0
+    # expire_time is claim_time + ttl exactly; remaining_ttl is measured from a
+    # database instant read after the grant, so it is at most the ttl.
+    ttl = lease.expire_time.ToDatetime() - lease.claim_time.ToDatetime()
+    assert ttl.total_seconds() == 2.0
+    assert 0 < secs(lease.remaining_ttl) <= 2.0
     assert lease.end_reason == pb.LOSS_REASON_UNSPECIFIED
     stored = await row(db, namespace, "t")
     assert (stored["owner_id"], stored["fence"], stored["state"]) == ("a", 1, "held")
