@@ -36,6 +36,17 @@ def leasekeeper_command() -> list[str]:
     return [sys.executable, "-m", "leasekeeper_server.cli"]
 
 
+# Settings for servers under database faults: small timeouts, so an outage is
+# noticed in about a second (a statement or connection attempt gives up after
+# 1 s, a lock wait after 0.5 s, health pings every 0.2 s). Durations in seconds.
+QUICK_OUTAGE_SETTINGS: dict[str, float] = {
+    "statement_timeout_s": 1.0,
+    "connect_timeout_s": 1.0,
+    "lock_timeout_s": 0.5,
+    "health_interval_s": 0.2,
+}
+
+
 def faketime_library() -> Path:
     """libfaketime's preload library: the one the ``libfaketime`` package ships, else the system's.
 

@@ -26,6 +26,7 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.conftest import RunningServer, running_server
 from tests.fault.dburl import database_address, proxied
+from tests.fault.processes import QUICK_OUTAGE_SETTINGS
 from tests.fault.proxy import TcpProxy, tcp_proxy
 from tests.helpers import dur, error_info
 
@@ -33,13 +34,7 @@ pytestmark = [pytest.mark.timeout(45)]
 
 FAULTS = ["cut", "black_hole"]
 
-# Small timeouts, so an outage is noticed in about a second.
-FAST = {
-    "statement_timeout_s": 1.0,
-    "connect_timeout_s": 1.0,
-    "lock_timeout_s": 0.5,
-    "health_interval_s": 0.2,
-}
+FAST = QUICK_OUTAGE_SETTINGS
 # The longest a call may take while the database is out of reach. Black-holed,
 # a call waits for the driver's own statement timer (statement_timeout_s + 1,
 # see Store.open), then asyncpg's pool waits up to the acquire timeout

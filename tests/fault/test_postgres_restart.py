@@ -48,6 +48,7 @@ from leasekeeper_server.migrate import migrate
 from tests.fault.cluster import PgCluster
 from tests.fault.processes import (
     NOT_SERVING,
+    QUICK_OUTAGE_SETTINGS,
     SERVING,
     ServerProcess,
     health_status,
@@ -68,10 +69,7 @@ FAILURES_PER_OUTAGE = 2 * WORKERS
 # Small timeouts, so the outage is noticed (and left) in about a second; every
 # beat renews (no minimum interval), so a heartbeat always reaches the database.
 SETTINGS: dict[str, float] = {
-    "statement_timeout_s": 1.0,
-    "connect_timeout_s": 1.0,
-    "lock_timeout_s": 0.5,
-    "health_interval_s": 0.2,
+    **QUICK_OUTAGE_SETTINGS,
     "min_ttl_s": 0.1,
     "min_renew_interval_s": 0.0,
     "shutdown_grace_s": 1.0,

@@ -61,6 +61,7 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.conftest import RunningServer, running_server
 from tests.fault.dburl import database_address, proxied
+from tests.fault.processes import QUICK_OUTAGE_SETTINGS
 from tests.fault.proxy import TcpProxy, tcp_proxy
 from tests.helpers import dur, error_info
 
@@ -308,10 +309,7 @@ async def test_holder_network_black_holed_work_stops_before_expire_time_replacem
 
 LONG_TTL_S = 30.0
 FAST = {
-    "statement_timeout_s": 1.0,
-    "connect_timeout_s": 1.0,
-    "lock_timeout_s": 0.5,
-    "health_interval_s": 0.2,
+    **QUICK_OUTAGE_SETTINGS,
     # Every beat of the raw stream below writes (none is answered from the last renewal).
     "min_renew_interval_s": 0.0,
 }

@@ -8,13 +8,17 @@ looking behind it) runs on a loop in this thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import asyncpg
+import grpc
 
+from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.conftest import running_server
+from tests.helpers import error_info
 
 T = TypeVar("T")
 
@@ -87,3 +91,29 @@ class ServerThread:
         assert not self._thread.is_alive(), "the server thread did not stop"
         if self._error is not None:
             raise RuntimeError("the server thread failed") from self._error
+
+
+@contextlib.contextmanager
+def serving_thread(database_url: str, **overrides: Any) -> Iterator[ServerThread]:
+    """A started :class:`ServerThread`, stopped on exit."""
+    server = ServerThread(database_url, **overrides)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def sync_stub_of(server: ServerThread) -> Iterator[rpc.LeaseServiceStub]:
+    """A stub on a synchronous channel to ``server``, closed on exit."""
+    with grpc.insecure_channel(server.target) as channel:
+        yield rpc.LeaseServiceStub(channel)
+
+
+def expect_ok(answer: T | grpc.RpcError) -> T:
+    """The reply; an error (kept by a model's ``call``) fails with its code and reason."""
+    if isinstance(answer, grpc.RpcError):
+        reason = error_info(answer).reason  # type: ignore[arg-type]
+        raise AssertionError(f"expected OK, got {answer.code()} {reason}: {answer.details()}")
+    return answer

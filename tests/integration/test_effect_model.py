@@ -49,7 +49,13 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.helpers import dur, error_info
 from tests.integration import contract_helpers as h
-from tests.integration.server_thread import CALL_TIMEOUT_S, ServerThread
+from tests.integration.server_thread import (
+    CALL_TIMEOUT_S,
+    ServerThread,
+    expect_ok,
+    serving_thread,
+    sync_stub_of,
+)
 
 T = TypeVar("T")
 
@@ -289,18 +295,14 @@ def key_reused(field: str, old: Record) -> Refusal:
 
 @pytest.fixture(scope="module")
 def backend(database_url: str) -> Iterator[ServerThread]:
-    server = ServerThread(database_url)
-    server.start()
-    try:
+    with serving_thread(database_url) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def sync_stub(backend: ServerThread) -> Iterator[rpc.LeaseServiceStub]:
-    with grpc.insecure_channel(f"127.0.0.1:{backend.port}") as channel:
-        yield rpc.LeaseServiceStub(channel)
+    with sync_stub_of(backend) as stub:
+        yield stub
 
 
 # -- the state machine -------------------------------------------------------
@@ -344,12 +346,6 @@ class EffectLedgerModel(RuleBasedStateMachine):
             tuple((k, info.metadata.get(k, "<missing>")) for k, _ in expected.metadata),
         )
         assert got == expected, answer.details()
-
-    def expect_ok(self, answer: T | grpc.RpcError) -> T:
-        if isinstance(answer, grpc.RpcError):
-            reason = error_info(answer).reason  # type: ignore[arg-type]
-            raise AssertionError(f"expected OK, got {answer.code()} {reason}: {answer.details()}")
-        return answer
 
     # -- the model's rules ----------------------------------------------------
 
@@ -498,7 +494,7 @@ class EffectLedgerModel(RuleBasedStateMachine):
             current = (("current_fence", str(self.fence)),)
             self.expect_refusal(answer, Refusal(FAILED_PRECONDITION, "TASK_COMPLETED", current))
             return
-        reply = self.expect_ok(answer)
+        reply = expect_ok(answer)
         if self.row == HELD:
             self.stats["claim not acquired"] += 1
             assert not reply.acquired, reply
@@ -519,7 +515,7 @@ class EffectLedgerModel(RuleBasedStateMachine):
             fence=self.fence,
             complete=complete,
         )
-        lease = self.expect_ok(self.call(self.stub.Release, request)).lease
+        lease = expect_ok(self.call(self.stub.Release, request)).lease
         self.row = COMPLETED if complete else RELEASED
         assert (lease.fence, lease.state) == (self.fence, WIRE_TASK_STATE[self.row])
 
@@ -540,7 +536,7 @@ class EffectLedgerModel(RuleBasedStateMachine):
             return
         decision, record = expected
         self.stats[f"begin {pb.EffectDecision.Name(decision)}"] += 1
-        reply = self.expect_ok(answer)
+        reply = expect_ok(answer)
         assert pb.EffectDecision.Name(reply.decision) == pb.EffectDecision.Name(decision), reply
         if decision == PROCEED:  # a new reservation: its begin_time is the server's
             record = replace(record, begin_time=reply.effect.begin_time)
@@ -565,7 +561,7 @@ class EffectLedgerModel(RuleBasedStateMachine):
             return
         writes, record = expected
         self.stats["complete writes" if writes else "complete again (same outcome)"] += 1
-        effect = self.expect_ok(answer).effect
+        effect = expect_ok(answer).effect
         if writes:  # the outcome is recorded now: its complete_time is the server's
             record = replace(record, complete_time=effect.complete_time)
         self.check_effect(effect, record, key)
@@ -598,7 +594,7 @@ class EffectLedgerModel(RuleBasedStateMachine):
         if self.row == NONE:
             self.expect_refusal(answer, Refusal(NOT_FOUND, "TASK_NOT_FOUND"))
             return
-        lease = self.expect_ok(answer).lease
+        lease = expect_ok(answer).lease
         assert (lease.fence, lease.owner_id, lease.state) == (
             self.fence,
             self.owner,

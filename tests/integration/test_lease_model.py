@@ -65,7 +65,13 @@ from hypothesis.stateful import (
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.helpers import error_info
-from tests.integration.server_thread import CALL_TIMEOUT_S, ServerThread
+from tests.integration.server_thread import (
+    CALL_TIMEOUT_S,
+    ServerThread,
+    expect_ok,
+    serving_thread,
+    sync_stub_of,
+)
 
 T = TypeVar("T")
 
@@ -389,18 +395,14 @@ class Refusal:
 
 @pytest.fixture(scope="module")
 def backend(database_url: str) -> Iterator[ServerThread]:
-    server = ServerThread(database_url, **SERVER_SETTINGS)
-    server.start()
-    try:
+    with serving_thread(database_url, **SERVER_SETTINGS) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def sync_stub(backend: ServerThread) -> Iterator[rpc.LeaseServiceStub]:
-    with grpc.insecure_channel(backend.target) as channel:
-        yield rpc.LeaseServiceStub(channel)
+    with sync_stub_of(backend) as stub:
+        yield stub
 
 
 async def db_clock(db: asyncpg.Connection) -> datetime:
@@ -447,12 +449,6 @@ class LeaseModel(RuleBasedStateMachine):
         info = error_info(answer)  # type: ignore[arg-type]
         got = Refusal(answer.code(), info.reason, int(info.metadata.get("current_fence", "-1")))
         assert got == expected, answer.details()
-
-    def expect_ok(self, answer: T | grpc.RpcError) -> T:
-        if isinstance(answer, grpc.RpcError):
-            reason = error_info(answer).reason  # type: ignore[arg-type]
-            raise AssertionError(f"expected OK, got {answer.code()} {reason}: {answer.details()}")
-        return answer
 
     def pick_fence(self, task: TaskModel, which: str, pick: int) -> int:
         """A fence for a call: an older one (if any), the current one, or one never issued."""
@@ -583,7 +579,7 @@ class LeaseModel(RuleBasedStateMachine):
             self.stats["claim TASK_COMPLETED"] += 1
             self.expect_refusal(answer, Refusal(FAILED_PRECONDITION, "TASK_COMPLETED", task.fence))
             return
-        reply = self.expect_ok(answer)
+        reply = expect_ok(answer)
         if live(task, clock):
             assert task.expire_time is not None
             if action.owner == task.owner:
@@ -627,7 +623,7 @@ class LeaseModel(RuleBasedStateMachine):
             self.stats[f"renew {loss}"] += 1
             self.expect_refusal(answer, Refusal(ABORTED, loss, task.fence))
             return
-        lease = self.expect_ok(answer).lease
+        lease = expect_ok(answer).lease
         self.renewed(task, action.ttl, clock, instant(lease.expire_time))
         self.check_lease(lease, action.task, clock)
 
@@ -667,7 +663,7 @@ class LeaseModel(RuleBasedStateMachine):
             self.stats[f"release {loss}"] += 1
             self.expect_refusal(answer, Refusal(ABORTED, loss, task.fence))
             return
-        lease = self.expect_ok(answer).lease
+        lease = expect_ok(answer).lease
         if task.row == HELD:
             self.stats["release live" if live(task, clock) else "release expired"] += 1
             if live(task, clock):  # the lease ends now
@@ -729,7 +725,7 @@ class LeaseModel(RuleBasedStateMachine):
             namespace=self.namespace, task_id=action.task, fence=fence
         )
         answer, clock = self.call(self.stub.ValidateFence, request)
-        reply = self.expect_ok(answer)
+        reply = expect_ok(answer)
         loss = fence_loss(task, fence, clock)
         self.stats[f"validate {loss or 'valid'}"] += 1
         assert (reply.valid, reply.current_fence, pb.LossReason.Name(reply.reason)) == (
@@ -753,7 +749,7 @@ class LeaseModel(RuleBasedStateMachine):
             self.expect_refusal(answer, Refusal(NOT_FOUND, "TASK_NOT_FOUND", -1))
             return
         self.stats["get"] += 1
-        self.check_lease(self.expect_ok(answer).lease, action.task, clock)
+        self.check_lease(expect_ok(answer).lease, action.task, clock)
 
     def list(self, action: ListTasks) -> None:
         """Every page, in byte order of task_id, filtered by state, each no larger than asked."""

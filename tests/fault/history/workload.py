@@ -51,7 +51,13 @@ from tests.fault.dburl import database_address, proxied
 from tests.fault.history.checker import Verdict, check
 from tests.fault.history.schema import ensure_schema
 from tests.fault.history.worker import micros
-from tests.fault.processes import ServerProcess, faketime_env, server_env, server_process
+from tests.fault.processes import (
+    QUICK_OUTAGE_SETTINGS,
+    ServerProcess,
+    faketime_env,
+    server_env,
+    server_process,
+)
 from tests.fault.proxy import TcpProxy
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -67,12 +73,9 @@ FAULT_KINDS = (
 )
 # Small timeouts, so that an outage is noticed within about a second.
 SERVER_SETTINGS = {
+    **QUICK_OUTAGE_SETTINGS,
     "min_ttl_s": 0.1,
     "min_renew_interval_s": 0.05,
-    "statement_timeout_s": 1.0,
-    "connect_timeout_s": 1.0,
-    "lock_timeout_s": 0.5,
-    "health_interval_s": 0.2,
     "shutdown_grace_s": 0.5,
 }
 
