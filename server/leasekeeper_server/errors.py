@@ -11,6 +11,11 @@
     │   ├── EffectNotBegun          completion of an effect never reserved
     │   └── EffectAlreadyCompleted  another outcome is already recorded
     ├── TaskNotFound          inspection of an unknown task       -> NOT_FOUND
+    ├── Unauthenticated       no valid token                      -> UNAUTHENTICATED
+    ├── PermissionDenied      the token does not cover the call   -> PERMISSION_DENIED
+    ├── LimitExceeded         a namespace limit (retry later)     -> RESOURCE_EXHAUSTED
+    │   ├── LeaseLimit              the namespace's live leases are at their maximum
+    │   └── ClaimRateLimit          the namespace's claims per second are spent
     └── ServiceUnavailable    retry the call                      -> UNAVAILABLE
         ├── DatabaseUnavailable   the database cannot be reached
         └── ShuttingDown          the server is draining
@@ -131,6 +136,48 @@ class TaskNotFound(LeaseServiceError):
     """No task of that name was ever claimed."""
 
     reason = "TASK_NOT_FOUND"
+
+
+class Unauthenticated(LeaseServiceError):
+    """The call carries no token, or one the server does not accept."""
+
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(LeaseServiceError):
+    """The caller's token does not cover this RPC or this namespace."""
+
+    reason = "PERMISSION_DENIED"
+
+
+class LimitExceeded(LeaseServiceError):
+    """A namespace limit refuses the call for now; nothing was changed.
+
+    Args:
+        namespace: The limited namespace.
+        retry_after_s: When a retry may succeed, in seconds (google.rpc.RetryInfo).
+        message: What was exceeded.
+    """
+
+    def __init__(self, namespace: str, retry_after_s: float, message: str) -> None:
+        super().__init__(message)
+        self.namespace = namespace
+        self.retry_after_s = retry_after_s
+
+    def metadata(self) -> dict[str, str]:  # noqa: D102
+        return {"namespace": self.namespace, "retry_after_s": f"{self.retry_after_s:.3f}"}
+
+
+class LeaseLimit(LimitExceeded):
+    """The namespace holds its maximum number of live leases."""
+
+    reason = "LEASE_LIMIT"
+
+
+class ClaimRateLimit(LimitExceeded):
+    """The namespace's claims per second are spent."""
+
+    reason = "CLAIM_RATE_LIMIT"
 
 
 class ServiceUnavailable(LeaseServiceError):

@@ -26,6 +26,9 @@ _CODES: tuple[tuple[type[errors.LeaseServiceError], grpc.StatusCode], ...] = (
     (errors.TaskCompleted, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.EffectConflict, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.TaskNotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.LimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.ServiceUnavailable, grpc.StatusCode.UNAVAILABLE),
 )
 
@@ -50,14 +53,23 @@ def rich_status(
     reason: str,
     metadata: dict[str, str] | None = None,
     field: str | None = None,
+    retry_after_s: float | None = None,
 ) -> grpc.Status:
-    """Builds a status with one ErrorInfo (and a BadRequest when ``field`` is given)."""
+    """Builds a status with one ErrorInfo.
+
+    Adds a google.rpc.BadRequest when ``field`` is given, and a
+    google.rpc.RetryInfo when ``retry_after_s`` (seconds) is.
+    """
     details = [
         _pack(error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata or {}))
     ]
     if field is not None:
         violation = error_details_pb2.BadRequest.FieldViolation(field=field, description=message)
         details.append(_pack(error_details_pb2.BadRequest(field_violations=[violation])))
+    if retry_after_s is not None:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromNanoseconds(max(0, round(retry_after_s * 1e9)))
+        details.append(_pack(retry))
     proto = status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=details)
     return rpc_status.to_status(proto)
 
@@ -65,7 +77,8 @@ def rich_status(
 def status_of(error: errors.LeaseServiceError) -> grpc.Status:
     """The rich gRPC status for a domain error."""
     field = error.field if isinstance(error, errors.InvalidArgument) else None
-    return rich_status(code_of(error), str(error), error.reason, error.metadata(), field)
+    retry = error.retry_after_s if isinstance(error, errors.LimitExceeded) else None
+    return rich_status(code_of(error), str(error), error.reason, error.metadata(), field, retry)
 
 
 def internal_status(error_id: str) -> grpc.Status:

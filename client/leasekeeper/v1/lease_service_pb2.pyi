@@ -50,6 +50,16 @@ class EffectDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EFFECT_DECISION_PROCEED: _ClassVar[EffectDecision]
     EFFECT_DECISION_ALREADY_APPLIED: _ClassVar[EffectDecision]
     EFFECT_DECISION_IN_DOUBT: _ClassVar[EffectDecision]
+
+class TaskEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_EVENT_TYPE_UNSPECIFIED: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_SNAPSHOT: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_CLAIMED: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_RELEASED: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_EXPIRED: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_COMPLETED: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_REVOKED: _ClassVar[TaskEventType]
 LOSS_REASON_UNSPECIFIED: LossReason
 LOSS_REASON_LEASE_EXPIRED: LossReason
 LOSS_REASON_LEASE_SUPERSEDED: LossReason
@@ -75,9 +85,16 @@ EFFECT_DECISION_UNSPECIFIED: EffectDecision
 EFFECT_DECISION_PROCEED: EffectDecision
 EFFECT_DECISION_ALREADY_APPLIED: EffectDecision
 EFFECT_DECISION_IN_DOUBT: EffectDecision
+TASK_EVENT_TYPE_UNSPECIFIED: TaskEventType
+TASK_EVENT_TYPE_SNAPSHOT: TaskEventType
+TASK_EVENT_TYPE_CLAIMED: TaskEventType
+TASK_EVENT_TYPE_RELEASED: TaskEventType
+TASK_EVENT_TYPE_EXPIRED: TaskEventType
+TASK_EVENT_TYPE_COMPLETED: TaskEventType
+TASK_EVENT_TYPE_REVOKED: TaskEventType
 
 class Lease(_message.Message):
-    __slots__ = ("namespace", "task_id", "owner_id", "fence", "state", "expire_time", "remaining_ttl", "runtime_deadline", "claim_time", "end_reason")
+    __slots__ = ("namespace", "task_id", "owner_id", "fence", "state", "expire_time", "remaining_ttl", "runtime_deadline", "claim_time", "end_reason", "revoke_reason")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +105,7 @@ class Lease(_message.Message):
     RUNTIME_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     CLAIM_TIME_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_REASON_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     task_id: str
     owner_id: str
@@ -98,35 +116,40 @@ class Lease(_message.Message):
     runtime_deadline: _timestamp_pb2.Timestamp
     claim_time: _timestamp_pb2.Timestamp
     end_reason: LossReason
-    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., state: _Optional[_Union[TaskState, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., runtime_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claim_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_reason: _Optional[_Union[LossReason, str]] = ...) -> None: ...
+    revoke_reason: str
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., state: _Optional[_Union[TaskState, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., runtime_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claim_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_reason: _Optional[_Union[LossReason, str]] = ..., revoke_reason: _Optional[str] = ...) -> None: ...
 
 class ClaimRequest(_message.Message):
-    __slots__ = ("namespace", "task_id", "owner_id", "ttl", "max_runtime", "request_id")
+    __slots__ = ("namespace", "task_id", "owner_id", "ttl", "max_runtime", "request_id", "wait")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     MAX_RUNTIME_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     task_id: str
     owner_id: str
     ttl: _duration_pb2.Duration
     max_runtime: _duration_pb2.Duration
     request_id: str
-    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    wait: _duration_pb2.Duration
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., request_id: _Optional[str] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class ClaimResponse(_message.Message):
-    __slots__ = ("acquired", "lease", "holder_remaining_ttl", "holder_expire_time")
+    __slots__ = ("acquired", "lease", "holder_remaining_ttl", "holder_expire_time", "retry_after")
     ACQUIRED_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     HOLDER_REMAINING_TTL_FIELD_NUMBER: _ClassVar[int]
     HOLDER_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     acquired: bool
     lease: Lease
     holder_remaining_ttl: _duration_pb2.Duration
     holder_expire_time: _timestamp_pb2.Timestamp
-    def __init__(self, acquired: _Optional[bool] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., holder_remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., holder_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    retry_after: _duration_pb2.Duration
+    def __init__(self, acquired: _Optional[bool] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., holder_remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., holder_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class RenewRequest(_message.Message):
     __slots__ = ("namespace", "task_id", "owner_id", "fence", "ttl")
@@ -233,16 +256,18 @@ class GetLeaseResponse(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class ListLeasesRequest(_message.Message):
-    __slots__ = ("namespace", "state", "page_size", "page_token")
+    __slots__ = ("namespace", "state", "page_size", "page_token", "owner_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     state: TaskState
     page_size: int
     page_token: str
-    def __init__(self, namespace: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    owner_id: str
+    def __init__(self, namespace: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., owner_id: _Optional[str] = ...) -> None: ...
 
 class ListLeasesResponse(_message.Message):
     __slots__ = ("leases", "next_page_token")
@@ -351,3 +376,41 @@ class ListEffectsResponse(_message.Message):
     effects: _containers.RepeatedCompositeFieldContainer[Effect]
     next_page_token: str
     def __init__(self, effects: _Optional[_Iterable[_Union[Effect, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class RevokeRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "reason", "fence")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    reason: str
+    fence: int
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., reason: _Optional[str] = ..., fence: _Optional[int] = ...) -> None: ...
+
+class RevokeResponse(_message.Message):
+    __slots__ = ("revoked", "lease")
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    revoked: bool
+    lease: Lease
+    def __init__(self, revoked: _Optional[bool] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("namespace", "task_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class TaskEvent(_message.Message):
+    __slots__ = ("type", "lease", "event_time")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    type: TaskEventType
+    lease: Lease
+    event_time: _timestamp_pb2.Timestamp
+    def __init__(self, type: _Optional[_Union[TaskEventType, str]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -85,6 +85,16 @@ class LeaseServiceStub:
                 request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListEffectsRequest.SerializeToString,
                 response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListEffectsResponse.FromString,
                 _registered_method=True)
+        self.Revoke = channel.unary_unary(
+                '/leasekeeper.v1.LeaseService/Revoke',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.RevokeRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.RevokeResponse.FromString,
+                _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/leasekeeper.v1.LeaseService/Watch',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.WatchRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.TaskEvent.FromString,
+                _registered_method=True)
 
 
 class LeaseServiceServicer:
@@ -241,6 +251,32 @@ class LeaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Revoke(self, request, context):
+        """Ends the task's current lease at once (an operator's call; admin role):
+        its fence stops validating, its heartbeat stream ends ABORTED
+        LEASE_REVOKED, and the next claim is granted with a new fence. A task
+        that is FREE, or whose lease was superseded (fence set), answers
+        revoked=false and is left alone.
+
+        Errors:
+        NOT_FOUND            TASK_NOT_FOUND: the task was never claimed.
+        FAILED_PRECONDITION  TASK_COMPLETED: the task is terminal.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Watch(self, request, context):
+        """The events of one task (or of a namespace) as they happen: first a
+        SNAPSHOT of the task, then CLAIMED, RELEASED, EXPIRED, COMPLETED and
+        REVOKED in the order the database committed them. Renewals are not
+        events. The stream runs until the client cancels it or the server shuts
+        down (UNAVAILABLE: watch again, on any replica).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LeaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -293,6 +329,16 @@ def add_LeaseServiceServicer_to_server(servicer, server):
                     servicer.ListEffects,
                     request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListEffectsRequest.FromString,
                     response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListEffectsResponse.SerializeToString,
+            ),
+            'Revoke': grpc.unary_unary_rpc_method_handler(
+                    servicer.Revoke,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.RevokeRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.RevokeResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.WatchRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.TaskEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -566,6 +612,60 @@ class LeaseService:
             '/leasekeeper.v1.LeaseService/ListEffects',
             leasekeeper_dot_v1_dot_lease__service__pb2.ListEffectsRequest.SerializeToString,
             leasekeeper_dot_v1_dot_lease__service__pb2.ListEffectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Revoke(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasekeeper.v1.LeaseService/Revoke',
+            leasekeeper_dot_v1_dot_lease__service__pb2.RevokeRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.RevokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/leasekeeper.v1.LeaseService/Watch',
+            leasekeeper_dot_v1_dot_lease__service__pb2.WatchRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.TaskEvent.FromString,
             options,
             channel_credentials,
             insecure,
