@@ -39,6 +39,7 @@ def lease(task: Task) -> pb.Lease:
         fence=task.fence,
         state=_STATE[state],
         end_reason=loss_reason(task.last_loss),
+        revoke_reason=task.revoke_reason or "",
     )
     if state is not TaskState.FREE:
         msg.expire_time.FromDatetime(task.expire_time)

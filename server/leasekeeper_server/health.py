@@ -1,8 +1,11 @@
 """The gRPC health service, SERVING only while the database answers.
 
 A monitor pings the database every ``health_interval_s``; both the overall
-health ("") and ``leasekeeper.v1.LeaseService`` follow it. On shutdown the
-health service enters graceful shutdown (NOT_SERVING, for good).
+health ("") and ``leasekeeper.v1.LeaseService`` follow it (readiness: route
+calls here only while the database answers). ``leasekeeper.liveness`` is
+SERVING as long as the process serves, whatever the database does (liveness:
+a database outage must not restart every replica). On shutdown the health
+service enters graceful shutdown (NOT_SERVING, for good).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ log = logging.getLogger(__name__)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+LIVENESS = "leasekeeper.liveness"
 
 
 class HealthMonitor:
@@ -35,6 +39,7 @@ class HealthMonitor:
 
     async def start(self) -> None:
         """Checks once now, then keeps checking in the background."""
+        await self.servicer.set(LIVENESS, SERVING)
         await self._check()
         self._task = asyncio.create_task(self._run(), name="leasekeeper-health")
 

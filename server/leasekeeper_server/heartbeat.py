@@ -32,10 +32,11 @@ import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 
-from . import validate
+from . import auth, validate
 from .errors import InvalidArgument, LeaseLost, ShuttingDown
 from .events import LeaseEvents
-from .model import Task, owner_loss
+from .metrics import Metrics
+from .model import LossReason, Task, owner_loss
 from .rpc import abort_with, check_parsed
 from .settings import Settings
 from .store import Store
@@ -50,10 +51,17 @@ _TIMER_SLACK_S = 0.02
 class HeartbeatService:
     """Serves heartbeat streams and ends them all on shutdown."""
 
-    def __init__(self, store: Store, events: LeaseEvents, settings: Settings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        events: LeaseEvents,
+        settings: Settings,
+        metrics: Metrics | None = None,
+    ) -> None:
         self._store = store
         self._events = events
         self._settings = settings
+        self._metrics = metrics if metrics is not None else Metrics()
         self._closing = asyncio.Event()
         self.open_streams = 0
 
@@ -61,11 +69,18 @@ class HeartbeatService:
         """Ends every open stream with UNAVAILABLE (server shutdown)."""
         self._closing.set()
 
+    @property
+    def closing(self) -> asyncio.Event:
+        """Set once the server is shutting down."""
+        return self._closing
+
     async def serve(self, context: grpc.aio.ServicerContext) -> None:
         """Runs one stream to its end; every ending is a status on ``context``."""
         self.open_streams += 1
         try:
-            await _Stream(self._store, self._events, self._settings, self._closing, context).run()
+            await _Stream(
+                self._store, self._events, self._settings, self._metrics, self._closing, context
+            ).run()
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # every failure leaves as a status
@@ -80,12 +95,14 @@ class _Stream:
         store: Store,
         events: LeaseEvents,
         settings: Settings,
+        metrics: Metrics,
         closing: asyncio.Event,
         context: grpc.aio.ServicerContext,
     ) -> None:
         self._store = store
         self._events = events
         self._settings = settings
+        self._metrics = metrics
         self._closing = closing
         self._context = context
         self._ref: validate.LeaseRef | None = None
@@ -100,6 +117,7 @@ class _Stream:
             return
         check_parsed(first)
         self._ref = validate.lease_ref(first, self._settings)
+        auth.authorize_namespace(self._ref.key.namespace)
         self._ttl = validate.ttl(first, self._settings)
         await self._renew()
 
@@ -195,15 +213,36 @@ class _Stream:
         task = await self._store.get_task(ref.key)
         reason = owner_loss(task, ref.owner_id, ref.fence)
         if reason is not None:
+            if task is not None:
+                self._metrics.loss_told(_loss_age_s(task, reason))
             log.info(
                 "heartbeat ends: %s namespace=%r task_id=%r fence=%d",
                 reason.value,
                 ref.key.namespace,
                 ref.key.task_id,
                 ref.fence,
+                extra={
+                    "namespace": ref.key.namespace,
+                    "task_id": ref.key.task_id,
+                    "owner_id": ref.owner_id,
+                    "fence": ref.fence,
+                    "reason": reason.value,
+                },
             )
             raise LeaseLost(reason, task.fence if task is not None else 0)
         assert task is not None
         # Still ours (renewed elsewhere, perhaps): plan the next check from this read.
         self._task = task
         self._seen_at = time.monotonic()
+
+
+def _loss_age_s(task: Task, reason: LossReason) -> float:
+    """Seconds from the loss to this read (database clock), for the loss-notice metric.
+
+    The loss instant is the expire_time for an expiry, and for a release,
+    revoke or completion too (those set expire_time to the instant they
+    happened); for a newer grant it is that grant's claim_time (the old
+    lease may have expired earlier: the age is then a lower bound).
+    """
+    lost_at = task.claim_time if reason is LossReason.LEASE_SUPERSEDED else task.expire_time
+    return max(0.0, (task.db_now - lost_at).total_seconds())

@@ -88,6 +88,7 @@ class Task:
         claim_request_id: the request id of the claim that granted the current
             fence, or None when that claim carried none.
         db_now: ``clock_timestamp()`` of the statement that produced the row.
+        revoke_reason: the operator's reason, when the last lease was revoked.
     """
 
     namespace: str
@@ -101,6 +102,7 @@ class Task:
     end_reason: str | None
     claim_request_id: str | None
     db_now: datetime
+    revoke_reason: str | None = None
 
     def is_claim_of(self, owner_id: str, request_id: str | None) -> bool:
         """True when a claim by ``owner_id`` with ``request_id`` is a retry of this lease's claim.
@@ -148,10 +150,14 @@ class ClaimOutcome:
     Attributes:
         acquired: the caller holds the lease in ``task``.
         task: the task after the claim (the holder's lease when not acquired).
+        retry_after: when not acquired, how long until the task can be granted
+            as far as the database can tell now (the holder's remaining ttl,
+            plus the namespace's lock delay should the lease expire).
     """
 
     acquired: bool
     task: Task
+    retry_after: timedelta = ZERO
 
 
 def fence_loss(task: Task | None, fence: int) -> LossReason | None:

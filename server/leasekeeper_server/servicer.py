@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import grpc
@@ -11,13 +15,20 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 from . import convert, validate
 from .effects import BeginDecision, EffectState
 from .errors import EffectConflict, LeaseLost, TaskNotFound
+from .events import LeaseEvents
 from .heartbeat import HeartbeatService
 from .ledger import EffectLedger
+from .limits import LimitsCache
 from .metrics import EffectEvent, Metrics
-from .model import fence_loss
+from .model import ClaimOutcome, TaskKey, fence_loss
 from .rpc import parse_or_malformed, unary
 from .settings import Settings
 from .store import Store
+from .watch import WatchService
+
+# Added to a waiting claim's timer so its retry lands just after the instant
+# the database will judge the holder's lease (and lock delay) over.
+_WAIT_SLACK_S = 0.02
 
 
 class LeaseServicer:
@@ -30,29 +41,89 @@ class LeaseServicer:
         heartbeats: HeartbeatService,
         metrics: Metrics,
         settings: Settings,
+        *,
+        events: LeaseEvents,
+        limits: LimitsCache,
+        watches: WatchService,
     ) -> None:
         self._store = store
         self._ledger = ledger
         self._heartbeats = heartbeats
         self._metrics = metrics
         self._settings = settings
+        self._events = events
+        self._limits = limits
+        self._watches = watches
 
     @unary
     async def Claim(self, request: pb.ClaimRequest, context: Any) -> pb.ClaimResponse:
-        """Claims a task (see the proto for outcomes and codes)."""
+        """Claims a task, waiting up to ``wait`` for it (see the proto for outcomes and codes)."""
         s = self._settings
         key = validate.task_key(request, s)
         owner_id = validate.identifier("owner_id", request.owner_id, s.max_id_bytes)
         ttl = validate.ttl(request, s)
         max_runtime = validate.max_runtime(request, s)
         request_id = validate.request_id(request.request_id, s.max_id_bytes)
-        outcome = await self._store.claim(key, owner_id, ttl, max_runtime, request_id)
+        wait = validate.claim_wait(request, s)
+        limits = self._limits.get(key.namespace)
+
+        def claim(take_token: bool = True) -> Awaitable[ClaimOutcome]:
+            return self._store.claim(
+                key, owner_id, ttl, max_runtime, request_id, limits, take_token
+            )
+
+        if wait > timedelta(0):
+            outcome = await self._claim_waiting(key, claim, wait)
+        else:
+            outcome = await claim()
         if outcome.acquired:
             return pb.ClaimResponse(acquired=True, lease=convert.lease(outcome.task))
         response = pb.ClaimResponse(acquired=False)
         response.holder_remaining_ttl.FromTimedelta(outcome.task.remaining_ttl)
         response.holder_expire_time.FromDatetime(outcome.task.expire_time)
+        response.retry_after.FromTimedelta(outcome.retry_after)
         return response
+
+    async def _claim_waiting(
+        self,
+        key: TaskKey,
+        claim: Callable[..., Awaitable[ClaimOutcome]],
+        wait: timedelta,
+    ) -> ClaimOutcome:
+        """Claims, and while the task is held, claims again when it may have become free.
+
+        Woken by the database's announcement of a change to the task (a
+        release, a revoke, a completion, an announced expiry) or by a timer at
+        the instant the database said the task could be granted (the
+        holder's expire_time plus the lock delay); each wake-up is one claim
+        decided on the database clock. The monotonic clock only bounds the
+        wait. Server shutdown ends the wait with the last answer.
+        """
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + wait.total_seconds()
+        closing = asyncio.ensure_future(self._heartbeats.closing.wait())
+        try:
+            with self._events.watch(key) as changed:  # watching before the first claim
+                outcome = await claim()
+                while not outcome.acquired and not closing.done():
+                    left_s = give_up_at - loop.time()
+                    if left_s <= 0:
+                        break
+                    timer_s = max(outcome.retry_after.total_seconds(), 0.0) + _WAIT_SLACK_S
+                    woken = asyncio.ensure_future(changed.wait())
+                    await asyncio.wait(
+                        {woken, closing},
+                        timeout=min(left_s, timer_s),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    woken.cancel()
+                    changed.clear()
+                    outcome = await claim(take_token=False)
+        finally:
+            closing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closing
+        return outcome
 
     @unary
     async def Renew(self, request: pb.RenewRequest, context: Any) -> pb.RenewResponse:
@@ -108,7 +179,8 @@ class LeaseServicer:
         state = validate.task_state_filter(request.state)
         size = validate.page_size(request.page_size)
         after = validate.page_token(request.page_token, s)
-        tasks = await self._store.list_tasks(namespace, after, size + 1, state)
+        owner_id = validate.optional_identifier("owner_id", request.owner_id, s.max_id_bytes)
+        tasks = await self._store.list_tasks(namespace, after, size + 1, state, owner_id)
         page, token = validate.split_page(tasks, size, lambda t: t.task_id)
         return pb.ListLeasesResponse(leases=[convert.lease(t) for t in page], next_page_token=token)
 
@@ -162,9 +234,22 @@ class LeaseServicer:
             effects=[convert.effect(r) for r in page], next_page_token=token
         )
 
+    @unary
+    async def Revoke(self, request: pb.RevokeRequest, context: Any) -> pb.RevokeResponse:
+        """Ends the task's lease now (an operator's call; see the proto)."""
+        key = validate.task_key(request, self._settings)
+        reason = validate.revoke_reason(request.reason)
+        fence = validate.optional_fence("fence", request.fence)
+        revoked, task = await self._store.revoke(key, reason, fence)
+        return pb.RevokeResponse(revoked=revoked, lease=convert.lease(task))
+
     async def Heartbeat(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         """The heartbeat stream; see heartbeat.py."""
         await self._heartbeats.serve(context)
+
+    async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """The Watch stream; see watch.py."""
+        await self._watches.serve(request, context)
 
 
 def method_handlers(servicer: LeaseServicer) -> grpc.GenericRpcHandler:
@@ -191,6 +276,12 @@ def method_handlers(servicer: LeaseServicer) -> grpc.GenericRpcHandler:
             "CompleteEffect", pb.CompleteEffectRequest, pb.CompleteEffectResponse
         ),
         "ListEffects": unary_handler("ListEffects", pb.ListEffectsRequest, pb.ListEffectsResponse),
+        "Revoke": unary_handler("Revoke", pb.RevokeRequest, pb.RevokeResponse),
+        "Watch": grpc.unary_stream_rpc_method_handler(
+            servicer.Watch,
+            request_deserializer=parse_or_malformed(pb.WatchRequest),
+            response_serializer=pb.TaskEvent.SerializeToString,
+        ),
         "Heartbeat": grpc.stream_stream_rpc_method_handler(
             servicer.Heartbeat,
             request_deserializer=parse_or_malformed(pb.HeartbeatRequest),

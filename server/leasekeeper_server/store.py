@@ -20,8 +20,16 @@ from typing import Any
 import asyncpg
 
 from . import queries
-from .errors import DatabaseUnavailable, LeaseLost, TaskCompleted
-from .model import ClaimOutcome, LossReason, Task, TaskKey, TaskState, owner_loss
+from .errors import (
+    ClaimRateLimit,
+    DatabaseUnavailable,
+    LeaseLimit,
+    LeaseLost,
+    TaskCompleted,
+    TaskNotFound,
+)
+from .limits import NO_LIMITS, NamespaceLimits, refill, wait_for_token_s
+from .model import ZERO, ClaimOutcome, LossReason, Task, TaskKey, TaskState, owner_loss
 from .settings import Settings
 from .validate import LeaseRef
 
@@ -90,6 +98,7 @@ def task_from_row(row: asyncpg.Record) -> Task:
         end_reason=row["end_reason"],
         claim_request_id=row["claim_request_id"],
         db_now=row["db_now"],
+        revoke_reason=row.get("revoke_reason"),
     )
 
 
@@ -143,6 +152,11 @@ class Store:
                     raise
 
     @property
+    def pool(self) -> asyncpg.Pool:
+        """The connection pool (for its gauges: size, idle, maximum)."""
+        return self._pool
+
+    @property
     def sql(self) -> dict[str, str]:
         """The named statements of ``sql/queries.sql``."""
         return self._sql
@@ -186,6 +200,8 @@ class Store:
         ttl: timedelta,
         max_runtime: timedelta,
         request_id: str | None = None,
+        limits: NamespaceLimits = NO_LIMITS,
+        take_token: bool = True,
     ) -> ClaimOutcome:
         """Claims a task; atomic, decided on the database clock.
 
@@ -195,27 +211,41 @@ class Store:
             ttl: lease length (clamped to ``max_runtime``).
             max_runtime: runtime budget from the grant.
             request_id: names this logical claim (AIP-155); None for none.
+            limits: the namespace's limits (see limits.py): its lock delay
+                applies to every claim; a lease or rate limit makes the claim
+                lock the namespace's limits row and decide in one transaction.
+            take_token: False for a claim that already took its rate token
+                (the retries of a waiting Claim).
 
         Returns:
             acquired=True with a new lease (fence + 1) for a new, FREE or
-            EXPIRED task, or for a task this owner holds under another
-            request id (a new incarnation; the earlier fence is superseded);
-            acquired=True with the caller's own live lease unchanged for a
-            retry (the same request id, or none); acquired=False with the
-            holder's lease when another owner (or another incarnation of this
-            one, granted after this claim was decided) holds it.
+            EXPIRED task (past its lock delay), or for a task this owner holds
+            under another request id (a new incarnation; the earlier fence is
+            superseded); acquired=True with the caller's own live lease
+            unchanged for a retry (the same request id, or none);
+            acquired=False with the holder's lease and ``retry_after`` when
+            another owner (or another incarnation of this one, granted after
+            this claim was decided) holds it, or it is in its lock delay.
 
         Raises:
             TaskCompleted: the task is COMPLETED (FAILED_PRECONDITION).
+            LeaseLimit: the namespace holds max_leases live leases
+                (RESOURCE_EXHAUSTED; nothing changed).
+            ClaimRateLimit: the namespace's claim bucket is empty
+                (RESOURCE_EXHAUSTED; nothing changed).
             DatabaseUnavailable: UNAVAILABLE.
         """
+        args = (key.namespace, key.task_id, owner_id, ttl, max_runtime, request_id)
+        delay = limits.lock_delay
         # A read after a failed claim can find the task freed in between; the
         # claim is then simply tried again (bounded: each retry follows a
         # commit by some other call).
         for _ in range(8):
-            row = await self._fetchrow(
-                "claim", key.namespace, key.task_id, owner_id, ttl, max_runtime, request_id
-            )
+            if limits.needs_lock:
+                row = await self._limited_claim(key, args, delay, take_token)
+                take_token = False  # one token per Claim call, however often it is tried
+            else:
+                row = await self._fetchrow("claim", *args, delay)
             if row is not None:
                 return ClaimOutcome(True, task_from_row(row))
             task = await self.get_task(key)
@@ -225,8 +255,61 @@ class Store:
             if state is TaskState.COMPLETED:
                 raise TaskCompleted(task.fence)
             if state is TaskState.HELD:
-                return ClaimOutcome(task.is_claim_of(owner_id, request_id), task)
+                if task.is_claim_of(owner_id, request_id):
+                    return ClaimOutcome(True, task)
+                return ClaimOutcome(False, task, task.remaining_ttl + delay)
+            if state is TaskState.EXPIRED and task.expire_time + delay > task.db_now:
+                return ClaimOutcome(False, task, task.expire_time + delay - task.db_now)
         raise DatabaseUnavailable("claim did not settle; try again")
+
+    async def _limited_claim(
+        self, key: TaskKey, args: tuple[Any, ...], delay: timedelta, take_token: bool
+    ) -> asyncpg.Record | None:
+        """The claim statement inside one transaction holding the namespace's limits row.
+
+        Claims of one limited namespace take turns on that row, so the live
+        lease count cannot be raced past; the bucket's tokens and the count
+        are judged on the database's clock and values. Any refusal rolls the
+        whole transaction back: nothing changes.
+        """
+        async with self.transaction() as conn:
+            limit = await conn.fetchrow(self._sql["lock_limits"], key.namespace)
+            if limit is None:  # the limits were removed since the cache was loaded
+                return await conn.fetchrow(self._sql["claim"], *args, delay)
+            rate = limit["claims_per_second"]
+            if rate is not None and take_token:
+                bucket = refill(
+                    limit["bucket_tokens"],
+                    limit["bucket_time"],
+                    limit["db_now"],
+                    rate,
+                    limit["burst"],
+                )
+                if bucket.tokens < 1.0:
+                    raise ClaimRateLimit(
+                        key.namespace,
+                        wait_for_token_s(bucket, rate),
+                        f"namespace {key.namespace!r} is limited to {rate:g} claims per second",
+                    )
+                await conn.execute(
+                    self._sql["take_claim_token"], key.namespace, bucket.tokens - 1.0, bucket.at
+                )
+            row = await conn.fetchrow(self._sql["claim"], *args, delay)
+            max_leases = limit["max_leases"]
+            if row is not None and max_leases is not None:
+                live = await conn.fetchrow(
+                    self._sql["count_live_leases"], key.namespace, key.task_id, max_leases
+                )
+                if live["live"] >= max_leases:
+                    first = live["first_expiry"]
+                    wait = (first - live["db_now"]).total_seconds() if first else 0.0
+                    raise LeaseLimit(
+                        key.namespace,
+                        max(0.0, wait),
+                        f"namespace {key.namespace!r} holds its maximum of "
+                        f"{max_leases} live leases",
+                    )
+            return row
 
     async def renew(self, ref: LeaseRef, ttl: timedelta) -> Task:
         """Extends a live lease to least(db clock + ttl, runtime deadline).
@@ -274,13 +357,60 @@ class Store:
         return _lost(task, owner_loss(task, ref.owner_id, ref.fence) or LossReason.LEASE_EXPIRED)
 
     async def list_tasks(
-        self, namespace: str, after_task_id: str, limit: int, state: TaskState | None
+        self,
+        namespace: str,
+        after_task_id: str,
+        limit: int,
+        state: TaskState | None,
+        owner_id: str | None = None,
     ) -> list[Task]:
         """Up to ``limit`` tasks of a namespace after ``after_task_id``, by task_id."""
         rows = await self.fetch(
-            "list_tasks", namespace, after_task_id, limit, state.value if state else None
+            "list_tasks", namespace, after_task_id, limit, state.value if state else None, owner_id
         )
         return [task_from_row(r) for r in rows]
+
+    async def revoke(self, key: TaskKey, reason: str, fence: int) -> tuple[bool, Task]:
+        """Ends the task's lease now (an operator's call); the task becomes FREE.
+
+        Args:
+            key: the task.
+            reason: why (recorded in the row and announced to watchers).
+            fence: revoke only this fence; 0 for whatever lease is current.
+
+        Returns:
+            (True, the task) when a held lease (live or expired) was revoked;
+            (False, the task as it is) when it had none (FREE) or another fence.
+
+        Raises:
+            TaskNotFound: the task was never claimed (NOT_FOUND).
+            TaskCompleted: the task is COMPLETED (FAILED_PRECONDITION).
+            DatabaseUnavailable: UNAVAILABLE.
+        """
+        row = await self._fetchrow("revoke", key.namespace, key.task_id, reason, fence)
+        if row is not None:
+            return True, task_from_row(row)
+        task = await self.get_task(key)
+        if task is None:
+            raise TaskNotFound(
+                f"task {key.task_id!r} in namespace {key.namespace!r} was never claimed"
+            )
+        if task.state is TaskState.COMPLETED:
+            raise TaskCompleted(task.fence)
+        return False, task
+
+    async def load_limits(self) -> dict[str, NamespaceLimits]:
+        """Every namespace's limits (see limits.py)."""
+        rows = await self.fetch("load_limits")
+        return {
+            r["namespace"]: NamespaceLimits(
+                max_leases=r["max_leases"],
+                claims_per_second=r["claims_per_second"],
+                burst=r["burst"],
+                lock_delay=r["lock_delay"] or ZERO,
+            )
+            for r in rows
+        }
 
 
 def _lost(task: Task | None, reason: LossReason) -> LeaseLost:

@@ -159,6 +159,33 @@ def max_runtime(req: pb.ClaimRequest, settings: Settings) -> timedelta:
     )
 
 
+def claim_wait(req: pb.ClaimRequest, settings: Settings) -> timedelta:
+    """How long a claim may wait for its task; zero when unset. Bounds: [0, max_claim_wait_s]."""
+    if not req.HasField("wait"):
+        return timedelta(0)
+    return bounded_duration("wait", req.wait, 0.0, settings.max_claim_wait_s)
+
+
+REVOKE_REASON_MAX_BYTES = 1024
+
+
+def revoke_reason(value: str) -> str:
+    """A revoke's reason: required, at most 1024 bytes of UTF-8, no control characters."""
+    return identifier("reason", value, REVOKE_REASON_MAX_BYTES)
+
+
+def optional_fence(field: str, value: int) -> int:
+    """A fence that may be 0 (meaning "any"); otherwise >= 1."""
+    if value < 0:
+        raise InvalidArgument(field, f"must be 0 (any) or >= 1, got {value}")
+    return value
+
+
+def optional_identifier(field: str, value: str, max_bytes: int) -> str | None:
+    """An id that may be empty (None); otherwise the rules of an id."""
+    return identifier(field, value, max_bytes) if value else None
+
+
 def task_state_filter(value: int) -> TaskState | None:
     """The ListLeases state filter; unknown enum values are refused."""
     name = _enum_name("state", pb.TaskState, value, "TASK_STATE_")

@@ -44,6 +44,7 @@ import pytest
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
+from leasekeeper_server.health import LIVENESS
 from leasekeeper_server.migrate import migrate
 from tests.fault.cluster import PgCluster
 from tests.fault.processes import (
@@ -302,6 +303,8 @@ async def test_postgres_crash_restart_under_load_keeps_acknowledged_and_recovers
                 assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
                 assert error_info(caught.value).reason == "DATABASE_UNAVAILABLE"
                 await wait_health(server.target, NOT_SERVING, NOT_SERVING_WITHIN_S)
+                # Liveness does not follow the database: no restart for an outage.
+                assert await health_status(server.target, 1.0, LIVENESS) == SERVING
                 await record.wait_until(
                     lambda: record.failures() >= failed_before + FAILURES_PER_OUTAGE,  # noqa: B023
                     within_s=10,

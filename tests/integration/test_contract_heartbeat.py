@@ -22,6 +22,7 @@ from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.conftest import running_server
 from tests.helpers import bad_request_fields, dur, error_info
 from tests.integration.contract_helpers import (
+    LEASE_ROWS,
     backdate,
     claim,
     completed,
@@ -138,7 +139,7 @@ async def test_heartbeat_first_message_for_lost_lease_aborts_with_reason(
     stub, namespace, db, setup, reason
 ):
     owner, fence = await setup(stub, namespace, db)
-    before = await db.fetch("SELECT * FROM leasekeeper_tasks WHERE namespace = $1", namespace)
+    before = await db.fetch(LEASE_ROWS, namespace)
 
     call = stub.Heartbeat()
     await call.write(beat(namespace, owner_id=owner, fence=fence, ttl_s=5.0))
@@ -146,7 +147,7 @@ async def test_heartbeat_first_message_for_lost_lease_aborts_with_reason(
 
     assert (end.code, end.reason) == (grpc.StatusCode.ABORTED, reason)
     assert end.replies == []
-    after = await db.fetch("SELECT * FROM leasekeeper_tasks WHERE namespace = $1", namespace)
+    after = await db.fetch(LEASE_ROWS, namespace)
     assert after == before  # never revived
 
 

@@ -181,3 +181,18 @@ async def test_list_leases_empty_namespace_answers_no_leases(stub, namespace):
 
     assert list(page.leases) == []
     assert page.next_page_token == ""
+
+
+async def test_list_leases_filters_by_owner_across_pages(stub, namespace):
+    for i in range(5):
+        await grant(stub, namespace, f"t{i}", "a" if i % 2 == 0 else "b")
+    seen, token = [], ""
+    while True:
+        reply = await stub.ListLeases(
+            pb.ListLeasesRequest(namespace=namespace, owner_id="a", page_size=2, page_token=token)
+        )
+        seen += [(lease.task_id, lease.owner_id) for lease in reply.leases]
+        token = reply.next_page_token
+        if not token:
+            break
+    assert seen == [("t0", "a"), ("t2", "a"), ("t4", "a")]

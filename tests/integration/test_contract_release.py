@@ -8,6 +8,7 @@ import pytest
 from leasekeeper.v1 import lease_service_pb2 as pb
 from tests.helpers import error_info
 from tests.integration.contract_helpers import (
+    LEASE_ROWS,
     backdate,
     failure,
     get_lease,
@@ -154,10 +155,10 @@ async def test_release_not_holding_aborts_with_reason(
     stub, namespace, db, setup, owner, fence, reason
 ):
     await setup(stub, namespace, db)
-    before = await db.fetch("SELECT * FROM leasekeeper_tasks WHERE namespace = $1", namespace)
+    before = await db.fetch(LEASE_ROWS, namespace)
 
     exc = await failure(release(stub, namespace, "t", owner, fence))
 
     assert (exc.code(), error_info(exc).reason) == (grpc.StatusCode.ABORTED, reason)
-    after = await db.fetch("SELECT * FROM leasekeeper_tasks WHERE namespace = $1", namespace)
+    after = await db.fetch(LEASE_ROWS, namespace)
     assert after == before

@@ -11,6 +11,7 @@ import pytest
 from leasekeeper.v1 import lease_service_pb2 as pb
 from tests.helpers import error_info
 from tests.integration.contract_helpers import (
+    LEASE_ROWS,
     claim,
     completed,
     expect_error,
@@ -95,7 +96,7 @@ async def test_renew_expired_lease_aborts_lease_expired_and_does_not_revive(stub
 )
 async def test_renew_lost_lease_aborts_with_reason(stub, namespace, db, setup, reason):
     owner, fence = await setup(stub, namespace, db)
-    before = await db.fetch("SELECT * FROM leasekeeper_tasks WHERE namespace = $1", namespace)
+    before = await db.fetch(LEASE_ROWS, namespace)
 
     exc = await failure(renew(stub, namespace, "t", owner, fence, ttl_s=5.0))
 
@@ -103,7 +104,7 @@ async def test_renew_lost_lease_aborts_with_reason(stub, namespace, db, setup, r
     info = error_info(exc)
     assert info.reason == reason
     assert "current_fence" in info.metadata
-    after = await db.fetch("SELECT * FROM leasekeeper_tasks WHERE namespace = $1", namespace)
+    after = await db.fetch(LEASE_ROWS, namespace)
     assert after == before
 
 

@@ -177,6 +177,13 @@ class FakeChannel:
     def stream_stream(self, method, request_serializer=None, response_deserializer=None, **_):
         return lambda *args, **kwargs: self.server.open_stream()
 
+    def unary_stream(self, method, request_serializer=None, response_deserializer=None, **_):
+        # Watch: the stub is built with it; these tests never call it.
+        def refuse(*args, **kwargs):
+            raise AssertionError(f"{method} is not faked")
+
+        return refuse
+
 
 @pytest.fixture
 def server() -> FakeLeaseServer:

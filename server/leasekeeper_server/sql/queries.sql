@@ -21,7 +21,9 @@
 -- the owner, which supersedes the earlier one); returns no row when it is HELD
 -- by another owner, HELD by this owner under request id $6 or with $6 NULL (a
 -- retry: store.py hands the same lease back), or COMPLETED. $4 ttl, $5 runtime
--- budget, $6 request id (NULL for none; see migrations/0004_claim_request_id.sql).
+-- budget, $6 request id (NULL for none; see migrations/0004_claim_request_id.sql),
+-- $7 the namespace's lock delay: an expired lease (never released) keeps its
+-- task unclaimable until expire_time + lock delay (zero for no delay).
 -- The new row's instants come from one reading of the clock (c.now), so a ttl
 -- clamped to the budget gives expire_time = runtime_deadline exactly, and an
 -- expiry at that instant is recognised as RUNTIME_EXCEEDED.
@@ -38,13 +40,13 @@ SELECT $1::text, $2::text, $3::text, leasekeeper_fence_floor(), 'held',
 FROM (SELECT clock_timestamp() AS now) c
 ON CONFLICT (namespace, task_id) DO UPDATE
 SET (owner_id, fence, state, expire_time, runtime_deadline, claim_time, update_time,
-     end_reason, claim_request_id) =
+     end_reason, claim_request_id, revoke_reason) =
     (SELECT EXCLUDED.owner_id, greatest(t.fence + 1, leasekeeper_fence_floor()), 'held',
             c.now + least($4::interval, $5::interval), c.now + $5::interval,
-            c.now, c.now, NULL, EXCLUDED.claim_request_id
+            c.now, c.now, NULL, EXCLUDED.claim_request_id, NULL
      FROM (SELECT clock_timestamp() AS now) c)
 WHERE t.state IN ('released', 'revoked')
-   OR (t.state = 'held' AND t.expire_time <= clock_timestamp())
+   OR (t.state = 'held' AND t.expire_time + $7::interval <= clock_timestamp())
    OR (t.state = 'held' AND t.owner_id = $3::text
        AND $6::text IS NOT NULL AND t.claim_request_id IS DISTINCT FROM $6::text)
 RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
@@ -95,28 +97,30 @@ RETURNING namespace, task_id, owner_id, fence, state, expire_time,
 -- name: get_task
 -- The task's row and the database clock, to classify an outcome.
 SELECT namespace, task_id, owner_id, fence, state, expire_time,
-       runtime_deadline, claim_time, end_reason, claim_request_id,
+       runtime_deadline, claim_time, end_reason, claim_request_id, revoke_reason,
        clock_timestamp() AS db_now
 FROM leasekeeper_tasks
 WHERE namespace = $1::text AND task_id = $2::text;
 
 -- name: list_tasks
 -- One page of a namespace's tasks after task_id $2 (keyset), optionally only
--- those in derived state $4 ('FREE', 'HELD', 'EXPIRED', 'COMPLETED').
+-- those in derived state $4 ('FREE', 'HELD', 'EXPIRED', 'COMPLETED') and of
+-- owner $5 (NULL: any owner).
 SELECT namespace, task_id, owner_id, fence, state, expire_time,
-       runtime_deadline, claim_time, end_reason, claim_request_id, db_now
+       runtime_deadline, claim_time, end_reason, claim_request_id, revoke_reason, db_now
 FROM (
     SELECT *, clock_timestamp() AS db_now
     FROM leasekeeper_tasks
     WHERE namespace = $1::text AND task_id > $2::text
 ) t
-WHERE $4::text IS NULL
+WHERE ($5::text IS NULL OR owner_id = $5::text)
+  AND ($4::text IS NULL
    OR $4::text = CASE
         WHEN state = 'completed' THEN 'COMPLETED'
         WHEN state <> 'held' THEN 'FREE'
         WHEN expire_time > db_now THEN 'HELD'
         ELSE 'EXPIRED'
-      END
+      END)
 ORDER BY task_id
 LIMIT $3::int;
 
@@ -197,6 +201,85 @@ WHERE namespace = $1::text AND task_id = $2::text AND effect_key > $3::text
   AND ($5::text IS NULL OR state = $5::text)
 ORDER BY effect_key
 LIMIT $4::int;
+
+-- name: revoke
+-- An operator ends the task's lease now (live or expired), whichever fence
+-- it has ($4 = 0) or only fence $4; $3 the reason. The task becomes FREE
+-- (state 'revoked', claimable at once: no lock delay) and keeps its fence, so
+-- the next claim gets fence + 1. No row when the task has no such lease.
+UPDATE leasekeeper_tasks
+SET state = 'revoked', end_reason = 'LEASE_REVOKED', revoke_reason = $3::text,
+    expire_time = least(expire_time, clock_timestamp()),
+    update_time = clock_timestamp()
+WHERE namespace = $1::text AND task_id = $2::text AND state = 'held'
+  AND ($4::bigint = 0 OR fence = $4::bigint)
+RETURNING namespace, task_id, owner_id, fence, state, expire_time,
+          runtime_deadline, claim_time, end_reason, claim_request_id, revoke_reason,
+          clock_timestamp() AS db_now;
+
+-- name: lock_limits
+-- A namespace's limits and claim bucket, locked until the claim's transaction
+-- ends: claims in a limited namespace take turns, so the live-lease count
+-- they check cannot be raced past. No row: the namespace has no limits.
+SELECT max_leases, claims_per_second,
+       coalesce(claim_burst, greatest(1.0, claims_per_second)) AS burst,
+       bucket_tokens, bucket_time, clock_timestamp() AS db_now
+FROM leasekeeper_namespace_limits
+WHERE namespace = $1::text
+FOR UPDATE;
+
+-- name: take_claim_token
+-- Stores the bucket after one claim took a token ($2 tokens left at $3).
+UPDATE leasekeeper_namespace_limits
+SET bucket_tokens = $2::double precision, bucket_time = $3::timestamptz
+WHERE namespace = $1::text;
+
+-- name: count_live_leases
+-- Live leases of namespace $1 other than task $2, counted up to $3 (the
+-- limit: the count stops there), and the earliest expire_time among them.
+-- Reads the index of unswept leases (migrations/0005_operations.sql): the
+-- cost follows the live leases, not the table.
+SELECT count(*) AS live, min(expire_time) AS first_expiry, clock_timestamp() AS db_now
+FROM (
+    SELECT expire_time FROM leasekeeper_tasks
+    WHERE namespace = $1::text AND task_id <> $2::text
+      AND state = 'held' AND expiry_announced_fence IS DISTINCT FROM fence
+      AND expire_time > clock_timestamp()
+    LIMIT $3::int
+) live;
+
+-- name: load_limits
+-- Every namespace's limits, for the servers' cache.
+SELECT namespace, max_leases, claims_per_second,
+       coalesce(claim_burst, greatest(1.0, claims_per_second)) AS burst, lock_delay
+FROM leasekeeper_namespace_limits;
+
+-- name: sweep_expired
+-- Announces expiries: marks up to $1 leases whose expire_time has passed
+-- and whose expiry was not yet announced, so the task trigger sends an
+-- 'expired' event for each, once. SKIP LOCKED: a row a claim or renewal is
+-- deciding is left for the next sweep. Reads the index of unswept leases, so
+-- the cost follows the live and newly expired leases, not the table.
+UPDATE leasekeeper_tasks AS t
+SET expiry_announced_fence = t.fence
+FROM (
+    SELECT namespace, task_id FROM leasekeeper_tasks
+    WHERE state = 'held' AND expiry_announced_fence IS DISTINCT FROM fence
+      AND expire_time <= clock_timestamp()
+    LIMIT $1::int
+    FOR UPDATE SKIP LOCKED
+) e
+WHERE t.namespace = e.namespace AND t.task_id = e.task_id
+RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.expire_time;
+
+-- name: held_by_namespace
+-- Live leases per namespace (for the leases_held gauge), from the index of
+-- unswept leases.
+SELECT namespace, count(*) AS held
+FROM leasekeeper_tasks
+WHERE state = 'held' AND expiry_announced_fence IS DISTINCT FROM fence
+  AND expire_time > clock_timestamp()
+GROUP BY namespace;
 
 -- name: ping
 SELECT 1;

@@ -1,0 +1,173 @@
+"""The Watch stream: a task's (or a namespace's) events as the database commits them.
+
+A worker waiting for another's task to complete subscribes instead of
+polling. Events come from the task table's trigger (``events.py``), so they
+arrive in commit order, whichever replica made the change; expiries come
+from the elected sweeper (``sweeper.py``), at most a sweep interval late.
+
+For one task the stream starts with a SNAPSHOT (the task read after
+subscribing, so no later change can be missed), then delivers each event
+that the snapshot does not already show. When events may have been lost
+(the server's listening connection was interrupted, or the client read too
+slowly) it sends a fresh SNAPSHOT; a namespace stream sends a SNAPSHOT with
+no lease instead, meaning "re-read what you care about". The stream ends
+UNAVAILABLE when the server shuts down: watch again, on any replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import datetime
+from typing import Any
+
+import grpc
+
+from leasekeeper.v1 import lease_service_pb2 as pb
+
+from . import auth, convert, validate
+from .errors import ShuttingDown
+from .events import LeaseEvents
+from .model import Task, TaskKey
+from .rpc import abort_with, check_parsed
+from .settings import Settings
+from .store import Store
+
+_EVENT_TYPE = {
+    "claimed": pb.TASK_EVENT_TYPE_CLAIMED,
+    "released": pb.TASK_EVENT_TYPE_RELEASED,
+    "expired": pb.TASK_EVENT_TYPE_EXPIRED,
+    "completed": pb.TASK_EVENT_TYPE_COMPLETED,
+    "revoked": pb.TASK_EVENT_TYPE_REVOKED,
+}
+
+
+def task_of_event(data: dict[str, Any]) -> Task:
+    """The task as a notification payload describes it, judged at the event's instant."""
+
+    def instant(name: str) -> datetime:
+        return datetime.fromisoformat(data[name])
+
+    return Task(
+        namespace=data["namespace"],
+        task_id=data["task_id"],
+        owner_id=data["owner_id"],
+        fence=int(data["fence"]),
+        row_state=data["state"],
+        expire_time=instant("expire_time"),
+        runtime_deadline=instant("runtime_deadline"),
+        claim_time=instant("claim_time"),
+        end_reason=data.get("end_reason"),
+        claim_request_id=data.get("claim_request_id"),
+        db_now=instant("event_time"),
+        revoke_reason=data.get("revoke_reason"),
+    )
+
+
+def event_message(data: dict[str, Any]) -> pb.TaskEvent | None:
+    """The TaskEvent for a notification payload; None for one of an unknown kind."""
+    kind = _EVENT_TYPE.get(data.get("event", ""))
+    if kind is None:
+        return None
+    task = task_of_event(data)
+    message = pb.TaskEvent(type=kind, lease=convert.lease(task))
+    message.event_time.FromDatetime(task.db_now)
+    return message
+
+
+def snapshot_message(task: Task | None, key: TaskKey | None) -> pb.TaskEvent:
+    """A SNAPSHOT event: the task as read (or a never-claimed task; or no lease at all)."""
+    message = pb.TaskEvent(type=pb.TASK_EVENT_TYPE_SNAPSHOT)
+    if task is not None:
+        message.lease.CopyFrom(convert.lease(task))
+        message.event_time.FromDatetime(task.db_now)
+    elif key is not None:
+        message.lease.namespace = key.namespace
+        message.lease.task_id = key.task_id
+        message.lease.state = pb.TASK_STATE_FREE
+    return message
+
+
+class WatchService:
+    """Serves Watch streams and ends them all on shutdown."""
+
+    def __init__(self, store: Store, events: LeaseEvents, settings: Settings) -> None:
+        self._store = store
+        self._events = events
+        self._settings = settings
+        self._closing = asyncio.Event()
+        self.open_streams = 0
+
+    def close(self) -> None:
+        """Ends every open stream with UNAVAILABLE (server shutdown)."""
+        self._closing.set()
+
+    async def serve(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """Runs one Watch stream to its end; every ending is a status on ``context``."""
+        self.open_streams += 1
+        try:
+            await self._run(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # every failure leaves as a status
+            await abort_with(context, exc)
+        finally:
+            self.open_streams -= 1
+
+    async def _run(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+        check_parsed(request)
+        s = self._settings
+        namespace = validate.identifier("namespace", request.namespace, s.max_id_bytes)
+        key = None
+        if request.task_id:
+            key = TaskKey(
+                namespace, validate.identifier("task_id", request.task_id, s.max_id_bytes)
+            )
+        auth.authorize_namespace(namespace)
+        with self._events.subscribe(namespace, key.task_id if key else None) as sub:
+            # Subscribed first, then read: a change after the read is queued.
+            shown = await self._snapshot(context, key) if key is not None else None
+            closing = asyncio.ensure_future(self._closing.wait())
+            try:
+                while True:
+                    ready = asyncio.ensure_future(sub.ready.wait())
+                    await asyncio.wait({ready, closing}, return_when=asyncio.FIRST_COMPLETED)
+                    ready.cancel()
+                    if closing.done():
+                        raise ShuttingDown("server is shutting down; watch again")
+                    gap, events = sub.take()
+                    if gap:
+                        if key is not None:
+                            shown = await self._snapshot(context, key)
+                        else:
+                            await context.write(snapshot_message(None, None))
+                        continue
+                    for data in events:
+                        if shown is not None and _already_shown(shown, data):
+                            continue
+                        shown = None  # from the first new event on, every one is news
+                        message = event_message(data)
+                        if message is not None:
+                            await context.write(message)
+            finally:
+                closing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await closing
+
+    async def _snapshot(self, context: grpc.aio.ServicerContext, key: TaskKey) -> Task | None:
+        task = await self._store.get_task(key)
+        await context.write(snapshot_message(task, key))
+        return task
+
+
+def _already_shown(snapshot: Task, data: dict[str, Any]) -> bool:
+    """True for an event the snapshot already reflects (it committed before the read).
+
+    A later change would show another fence or another state, except an
+    expiry announcement, which is always delivered.
+    """
+    return (
+        data.get("event") != "expired"
+        and int(data.get("fence", -1)) == snapshot.fence
+        and data.get("state") == snapshot.row_state
+    )
