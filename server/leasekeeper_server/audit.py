@@ -1,0 +1,175 @@
+"""The audit log: one JSON record per grant, release, loss, expiry and revoke.
+
+Records go to the logger ``leasekeeper.audit`` at INFO, always as JSON lines
+(``logs.configure`` gives it its own handler: the file ``audit_log``, or
+standard error). Each record has ``event`` and the task's fields:
+
+=========  ===================================================================
+event      fields (besides time, level, logger, message)
+=========  ===================================================================
+grant      namespace, task_id, owner_id, fence, expire_time, principal
+release    namespace, task_id, owner_id, fence, complete, principal
+loss       namespace, task_id, owner_id, fence, reason, rpc (Renew, Release,
+           Heartbeat: the call that learned of the loss), principal
+expired    namespace, task_id, owner_id, fence, expire_time (expiry sweeper)
+revoke     namespace, task_id, fence, revoked, reason (the operator's),
+           principal
+=========  ===================================================================
+
+``principal`` is the caller's token name when the server requires tokens,
+else absent. ``expire_time`` is RFC 3339 text on the database clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+AUDIT_LOGGER = "leasekeeper.audit"
+
+
+class Audit:
+    """Writes audit records; each method is cheap when the audit logger is off.
+
+    Args:
+        logger: Where records go (default: ``leasekeeper.audit``).
+    """
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self._log = logger if logger is not None else logging.getLogger(AUDIT_LOGGER)
+
+    @property
+    def enabled(self) -> bool:
+        """True when records would be written (the logger is enabled for INFO)."""
+        return self._log.isEnabledFor(logging.INFO)
+
+    def _write(self, event: str, message: str, fields: dict[str, Any]) -> None:
+        fields = {k: v for k, v in fields.items() if v is not None}
+        fields["event"] = event
+        self._log.info(message, extra=fields)
+
+    def grant(
+        self,
+        namespace: str,
+        task_id: str,
+        owner_id: str,
+        fence: int,
+        expire_time: str,
+        principal: str | None = None,
+    ) -> None:
+        """Records a granted lease (a Claim answered acquired=true)."""
+        self._write(
+            "grant",
+            f"grant {namespace}/{task_id} fence={fence} owner_id={owner_id}",
+            {
+                "namespace": namespace,
+                "task_id": task_id,
+                "owner_id": owner_id,
+                "fence": fence,
+                "expire_time": expire_time,
+                "principal": principal,
+            },
+        )
+
+    def release(
+        self,
+        namespace: str,
+        task_id: str,
+        owner_id: str,
+        fence: int,
+        complete: bool,
+        principal: str | None = None,
+    ) -> None:
+        """Records a release (or completion) of a lease by its owner."""
+        self._write(
+            "release",
+            f"release {namespace}/{task_id} fence={fence} complete={complete}",
+            {
+                "namespace": namespace,
+                "task_id": task_id,
+                "owner_id": owner_id,
+                "fence": fence,
+                "complete": complete,
+                "principal": principal,
+            },
+        )
+
+    def loss(
+        self,
+        rpc: str,
+        namespace: str,
+        task_id: str,
+        owner_id: str,
+        fence: int,
+        reason: str,
+        principal: str | None = None,
+    ) -> None:
+        """Records a holder told its lease is lost (Renew, Release, Heartbeat ABORTED)."""
+        self._write(
+            "loss",
+            f"loss {namespace}/{task_id} fence={fence} reason={reason} rpc={rpc}",
+            {
+                "namespace": namespace,
+                "task_id": task_id,
+                "owner_id": owner_id,
+                "fence": fence,
+                "reason": reason,
+                "rpc": rpc,
+                "principal": principal,
+            },
+        )
+
+    def expired(
+        self,
+        namespace: str,
+        task_id: str,
+        owner_id: str,
+        fence: int,
+        expire_time: datetime | str,
+    ) -> None:
+        """Records a lease the expiry sweeper found expired (its expire_time passed).
+
+        Args:
+            namespace: The task's namespace.
+            task_id: The task.
+            owner_id: The lease's owner.
+            fence: The lease's fence.
+            expire_time: When the lease ended (database clock); a datetime is
+                written as ISO 8601 text.
+        """
+        when = expire_time.isoformat() if isinstance(expire_time, datetime) else expire_time
+        self._write(
+            "expired",
+            f"expired {namespace}/{task_id} fence={fence}",
+            {
+                "namespace": namespace,
+                "task_id": task_id,
+                "owner_id": owner_id,
+                "fence": fence,
+                "expire_time": when,
+            },
+        )
+
+    def revoke(
+        self,
+        namespace: str,
+        task_id: str,
+        fence: int,
+        revoked: bool,
+        reason: str,
+        principal: str | None = None,
+    ) -> None:
+        """Records a Revoke call answered OK (``revoked`` says whether a lease ended)."""
+        self._write(
+            "revoke",
+            f"revoke {namespace}/{task_id} fence={fence} revoked={revoked}",
+            {
+                "namespace": namespace,
+                "task_id": task_id,
+                "fence": fence,
+                "revoked": revoked,
+                "reason": reason,
+                "principal": principal,
+            },
+        )
