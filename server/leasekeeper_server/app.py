@@ -8,22 +8,34 @@ calls and let unary calls finish within the grace period, close the database.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from . import tracing
+from .audit import Audit
+from .auth import Authenticator, AuthInterceptor, TokenFile, auth_enabled, log_startup
 from .embedded import EmbeddedPostgres
+from .errors import DatabaseUnavailable
 from .events import LeaseEvents
 from .health import HealthMonitor
 from .heartbeat import HeartbeatService
 from .ledger import EffectLedger
+from .limits import LimitsCache
 from .metrics import Metrics
 from .migrate import migrate
+from .observe import ObserveInterceptor
 from .servicer import SERVICE_NAME, LeaseServicer, method_handlers
 from .settings import Settings
 from .store import Store
+from .sweeper import ExpirySweeper
+from .tls import CertificateFiles, TlsFiles
+from .watch import WatchService
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +62,19 @@ def resolve_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
 class LeaseServer:
     """One leasekeeper server process's service, on one database."""
 
-    def __init__(self, settings: Settings, database_url: str) -> None:
+    def __init__(
+        self, settings: Settings, database_url: str, tracer_provider: Any | None = None
+    ) -> None:
+        """A server, not yet started.
+
+        Args:
+            settings: The service's settings.
+            database_url: The PostgreSQL URL.
+            tracer_provider: An OpenTelemetry tracer provider for a span per call
+                and per SQL statement; None: the OTLP exporter of
+                ``settings.otlp_endpoint`` when set (shut down with the server),
+                else no tracing.
+        """
         self.settings = settings
         self._dsn = database_url
         self.port: int | None = None
@@ -59,8 +83,21 @@ class LeaseServer:
         self._events: LeaseEvents | None = None
         self._health: HealthMonitor | None = None
         self.heartbeats: HeartbeatService | None = None
+        self.watches: WatchService | None = None
+        self.sweeper: ExpirySweeper | None = None
+        self.limits = LimitsCache()
+        self._limits_task: asyncio.Task[None] | None = None
+        self._limits_changed = asyncio.Event()
         self.metrics = Metrics()
+        self._owned_tracer_provider = (
+            tracing.provider_from_settings(settings) if tracer_provider is None else None
+        )
+        self._tracer_provider = tracer_provider or self._owned_tracer_provider
         self.metrics_port: int | None = None
+        self.health_port: int | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self.authenticator: Authenticator | None = None
+        self.certificates: CertificateFiles | None = None
 
     async def start(self) -> int:
         """Migrates the schema and starts serving; returns the bound port.
@@ -68,20 +105,57 @@ class LeaseServer:
         Raises:
             DatabaseUnavailable: the database cannot be reached.
             RuntimeError: the listen address cannot be bound.
+            ValueError: the token file or the TLS files cannot be loaded.
         """
         s = self.settings
+        # Files first: a bad token file or certificate fails the start at once.
+        tls_files = TlsFiles.from_settings(s)
+        self.certificates = CertificateFiles(tls_files) if tls_files else None
+        token_file = TokenFile(s.tokens_file) if auth_enabled(s) and s.tokens_file else None
+        log_startup(s, tls=tls_files is not None)
         await migrate(self._dsn)
         self._store = store = await Store.open(self._dsn, s)
         self._events = LeaseEvents(self._dsn, s.health_interval_s, s.connect_timeout_s)
         await self._events.start()
-        self.heartbeats = HeartbeatService(store, self._events, s)
+        self.heartbeats = HeartbeatService(store, self._events, s, self.metrics)
+        self.watches = WatchService(store, self._events, s)
+        await self._load_limits()
+        self._events.on_config(self._on_config_change)
+        self._limits_task = asyncio.create_task(self._refresh_limits(), name="leasekeeper-limits")
+        self.sweeper = ExpirySweeper(self._dsn, store, self.metrics, s)
         self._health = HealthMonitor(store, [SERVICE_NAME], s.health_interval_s)
 
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        pool = store.pool  # read-only gauges of the pool's state
+        self.metrics.watch_pool(pool.get_size, pool.get_idle_size, pool.get_max_size())
+        # First in the list, so outermost: it also sees the calls auth refuses.
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            ObserveInterceptor(
+                self.metrics,
+                Audit(),
+                tracing.RpcTracing(self._tracer_provider) if self._tracer_provider else None,
+            )
+        ]
+        if auth_enabled(s):
+            # Last in the list: interceptors before it (metrics) see its refusals too.
+            self.authenticator = Authenticator(
+                store.transaction, token_file, self._events.connected
+            )
+            self._events.on_config(self.authenticator.on_config_change)
+            interceptors.append(AuthInterceptor(self.authenticator))
+        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         server.add_generic_rpc_handlers(
             (
                 method_handlers(
-                    LeaseServicer(store, EffectLedger(store), self.heartbeats, self.metrics, s)
+                    LeaseServicer(
+                        store,
+                        EffectLedger(store),
+                        self.heartbeats,
+                        self.metrics,
+                        s,
+                        events=self._events,
+                        limits=self.limits,
+                        watches=self.watches,
+                    )
                 ),
             )
         )
@@ -95,17 +169,65 @@ class LeaseServer:
             server,
         )
         try:
-            self.port = server.add_insecure_port(s.listen)
+            if self.certificates is not None:
+                self.port = server.add_secure_port(s.listen, self.certificates.credentials())
+            else:
+                self.port = server.add_insecure_port(s.listen)
         except RuntimeError as exc:
             raise RuntimeError(f"cannot listen on {s.listen}: {exc}") from exc
         self._server = server
         await self._health.start()
         await server.start()
+        self.sweeper.start()
         log.info("leasekeeper serving on %s (port %d)", s.listen, self.port)
+        if s.health_listen:
+            self.health_port = await self._serve_health_only(s.health_listen)
+            log.info("plaintext health service on %s (port %d)", s.health_listen, self.health_port)
         if s.metrics_listen:
             self.metrics_port = self.metrics.serve_http(s.metrics_listen)
             log.info("metrics on http://%s/metrics (port %d)", s.metrics_listen, self.metrics_port)
         return self.port
+
+    async def _serve_health_only(self, listen: str) -> int:
+        """A second, plaintext port with only grpc.health.v1 (probes that cannot speak TLS)."""
+        assert self._health is not None
+        health_server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, health_server)
+        try:
+            port = health_server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            raise RuntimeError(f"cannot listen on {listen}: {exc}") from exc
+        await health_server.start()
+        self._health_server = health_server
+        return port
+
+    def _on_config_change(self, payload: str) -> None:
+        if payload in ("limits", "*"):
+            self._limits_changed.set()
+
+    async def _refresh_limits(self) -> None:
+        """Reloads the namespace limits when they change, and every limits_refresh_s."""
+        assert self._store is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._limits_changed.wait(), self.settings.limits_refresh_s)
+            self._limits_changed.clear()
+            try:
+                await self._load_limits()
+            except DatabaseUnavailable as exc:
+                log.warning("namespace limits not reloaded: %s", exc)
+                await asyncio.sleep(self.settings.health_interval_s)
+                self._limits_changed.set()  # try again soon
+
+    async def _load_limits(self) -> None:
+        assert self._store is not None
+        self.limits.replace(await self._store.load_limits())
+        self.metrics.set_limits(
+            {
+                ns: (lim.max_leases, lim.claims_per_second, lim.lock_delay.total_seconds())
+                for ns, lim in self.limits.all().items()
+            }
+        )
 
     async def wait(self) -> None:
         """Waits until the server stops."""
@@ -119,11 +241,23 @@ class LeaseServer:
             await self._health.shutdown()
         if self.heartbeats is not None:
             self.heartbeats.close()
+        if self.watches is not None:
+            self.watches.close()
+        if self.sweeper is not None:
+            await self.sweeper.stop()
+        if self._limits_task is not None:
+            self._limits_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._limits_task
         if self._server is not None:
             await self._server.stop(grace)
+        if self._health_server is not None:
+            await self._health_server.stop(0)
         if self._events is not None:
             await self._events.stop()
         if self._store is not None:
             await self._store.close()
         self.metrics.stop_http()
+        if self._owned_tracer_provider is not None:
+            self._owned_tracer_provider.shutdown()
         log.info("leasekeeper stopped")

@@ -7,6 +7,7 @@ checked at start-up: a server never starts with settings it cannot honour.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,6 +37,14 @@ class Settings(BaseSettings):
         description="Data directory of the embedded PostgreSQL; survives restarts.",
     )
     listen: str = Field(default="127.0.0.1:9457", description="gRPC listen address host:port.")
+    health_listen: str | None = Field(
+        default=None,
+        description=(
+            "A second, plaintext port serving only the gRPC health service (host:port), "
+            "for probes that cannot speak TLS, such as Kubernetes' gRPC probes; unset: "
+            "health is served on the main port only."
+        ),
+    )
     metrics_listen: str | None = Field(
         default=None,
         description=(
@@ -87,6 +96,24 @@ class Settings(BaseSettings):
     health_interval_s: float = Field(
         default=1.0, gt=0, description="How often the database is pinged for the health service."
     )
+    max_claim_wait_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Longest ClaimRequest.wait a claim may ask (it waits for its task).",
+    )
+    sweep_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "How often the elected sweeper announces expired leases (Watch's EXPIRED "
+            "events, the expiry metrics) and a non-leader tries to take over."
+        ),
+    )
+    limits_refresh_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=("How often namespace limits are reloaded even without a change notification."),
+    )
     shutdown_grace_s: float = Field(
         default=10.0, ge=0, description="How long unary calls may finish after SIGTERM/SIGINT."
     )
@@ -99,6 +126,42 @@ class Settings(BaseSettings):
         ),
     )
     log_level: str = Field(default="INFO", description="Python logging level.")
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Log lines as text, or JSON objects (time, level, logger, message and the "
+        "task's fields); see leasekeeper_server.logs.",
+    )
+    audit_log: Path | None = Field(
+        default=None,
+        description="File the audit log (grants, releases, losses, revokes; JSON lines) is "
+        "appended to; unset: standard error.",
+    )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OpenTelemetry collector (OTLP over gRPC, e.g. http://127.0.0.1:4317) to "
+        "send a span per call and per SQL statement to; unset: no tracing.",
+    )
+    auth: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Bearer tokens on LeaseService calls: on, off, or auto (off when listen "
+        "is a loopback address, 127.0.0.0/8, ::1 or localhost; on otherwise).",
+    )
+    tokens_file: Path | None = Field(
+        default=None,
+        description="TOML file of hashed tokens (see leasekeeper_server.tokens), reloaded "
+        "when it changes; database tokens are accepted too.",
+    )
+    tls_cert_file: Path | None = Field(
+        default=None, description="PEM certificate chain for TLS on the gRPC port; reloaded."
+    )
+    tls_key_file: Path | None = Field(
+        default=None, description="PEM private key of tls_cert_file; reloaded."
+    )
+    tls_client_ca_file: Path | None = Field(
+        default=None,
+        description="PEM CA certificates for mutual TLS: set, clients must present a "
+        "certificate they sign; reloaded.",
+    )
 
     @model_validator(mode="after")
     def _check_bounds(self) -> Settings:
@@ -108,4 +171,8 @@ class Settings(BaseSettings):
             raise ValueError("need min_ttl_s <= max_runtime_s")
         if self.pool_min_size > self.pool_max_size:
             raise ValueError("need pool_min_size <= pool_max_size")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("need both tls_cert_file and tls_key_file, or neither")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
         return self
