@@ -1,30 +1,36 @@
-"""The ``leasekeeper`` command: serve, migrate, and inspect leases.
+"""The ``leasekeeper`` command: serve, migrate, inspect and operate.
 
 ::
 
     leasekeeper serve                 start the service (embedded PostgreSQL if no URL is set)
     leasekeeper migrate               apply the schema migrations and exit
-    leasekeeper leases list [-n NS] [--state STATE]
+    leasekeeper leases list [-n NS] [--state STATE | --expired] [--owner OWNER] [--limit N]
     leasekeeper leases get TASK_ID [-n NS]
     leasekeeper effects list TASK_ID [-n NS] [--state STATE]
+    leasekeeper revoke TASK_ID -n NS --reason TEXT [--fence N]
+    leasekeeper watch [TASK_ID] -n NS [--count N] [--timeout S]
+    leasekeeper tokens create|list|revoke ...
+    leasekeeper limits set|clear|list ...
 
-Settings come from ``LEASEKEEPER_*`` environment variables (see settings.py);
-``leases`` and ``effects`` commands talk to a running server at ``--target`` and
-print JSON (one object per line for lists).
+Settings come from ``LEASEKEEPER_*`` environment variables (see settings.py).
+``leases``, ``effects``, ``revoke`` and ``watch`` call a running server at
+``--target`` (``$LEASEKEEPER_TARGET``) with ``--token`` (``$LEASEKEEPER_TOKEN``)
+and need only the thin client; ``tokens`` and ``limits`` write the database
+directly, found as ``migrate`` finds it. Listings print aligned tables by
+default (instants ISO 8601 UTC, durations in seconds) and JSON with ``--json``
+(one object per line, keys the proto's field names). Exit codes: 0 done, 1 a
+failed call (one line: the gRPC status code and message), 2 a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
-import warnings
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -36,16 +42,11 @@ SERVER_EXTRA_HINT = "the service needs its extras: pip install 'leasekeeper[serv
 log = logging.getLogger("leasekeeper")
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # pgserver narrates every pg_ctl call at INFO; its warnings and errors still show.
-    logging.getLogger("pgserver").setLevel(max(logging.WARNING, logging.getLogger().level))
-    # platformdirs warns when XDG_RUNTIME_DIR is unset (containers); pgserver asks it anyway.
-    warnings.filterwarnings("ignore", module="platformdirs")
+def _configure_logging(settings: Settings) -> None:
+    """Sets up logging from the settings (level, text or JSON, the audit log): see logs.py."""
+    from .logs import configure
+
+    configure(settings.log_level, settings.log_format, settings.audit_log)
 
 
 STARTUP_RETRY_INITIAL_S = 0.2
@@ -73,6 +74,10 @@ async def _start_when_database_answers(settings: Settings, dsn: str) -> LeaseSer
         try:
             await server.start()
             return server
+        except ValueError as exc:  # a token file or certificate that cannot be used
+            await server.stop(0)
+            log.error("cannot start: %s", exc)
+            return None
         except DatabaseUnavailable as exc:
             await server.stop(0)
             left_s = give_up_at - loop.time()
@@ -128,112 +133,21 @@ async def _migrate(settings: Settings) -> None:
             embedded.stop()
 
 
-LEASE_FIELDS = (
-    "namespace",
-    "task_id",
-    "owner_id",
-    "fence",
-    "state",
-    "expire_time",
-    "remaining_ttl",
-    "runtime_deadline",
-    "claim_time",
-    "end_reason",
-)
-EFFECT_FIELDS = (
-    "namespace",
-    "task_id",
-    "effect_key",
-    "policy",
-    "state",
-    "fence",
-    "complete_fence",
-    "retryable",
-    "attempts",
-    "begin_time",
-    "complete_time",
-    "request_digest",
-    "result",
-)
-
-
-def _as_json(record: object, fields: Sequence[str]) -> dict[str, object]:
-    """The named attributes of a client record, as JSON values.
-
-    Instants become ISO 8601 text; a digest becomes hex; a result becomes
-    UTF-8 text (undecodable bytes as backslash escapes).
-    """
-    out: dict[str, object] = {}
-    for name in fields:
-        value = getattr(record, name, None)
-        if isinstance(value, datetime):
-            value = value.isoformat()
-        elif isinstance(value, bytes):
-            value = (
-                value.hex() if name == "request_digest" else value.decode(errors="backslashreplace")
-            )
-        out[name] = value
-    return out
-
-
-async def _leases(args: argparse.Namespace) -> int:
-    from leasekeeper import LeaseClient, LeaseError, TaskNotFound
-
-    async with LeaseClient(args.target, namespace=args.namespace) as client:
-        try:
-            if args.leases_command == "get":
-                info = await client.get_lease(args.task_id)
-                print(json.dumps(_as_json(info, LEASE_FIELDS), indent=2))
-            else:
-                async for info in client.iter_leases(state=args.state):
-                    print(json.dumps(_as_json(info, LEASE_FIELDS)))
-        except TaskNotFound:
-            print(
-                f"task {args.task_id!r} not found in namespace {args.namespace!r}", file=sys.stderr
-            )
-            return 1
-        except LeaseError as error:  # bad input, server unreachable: one line, no traceback
-            print(f"leasekeeper: {error}", file=sys.stderr)
-            return 2 if error.retryable else 1
-    return 0
-
-
-async def _effects(args: argparse.Namespace) -> int:
-    from leasekeeper import LeaseClient, LeaseError
-
-    async with LeaseClient(args.target, namespace=args.namespace) as client:
-        try:
-            async for record in client.iter_effects(args.task_id, state=args.state):
-                print(json.dumps(_as_json(record, EFFECT_FIELDS)))
-        except LeaseError as error:  # bad input, server unreachable: one line, no traceback
-            print(f"leasekeeper: {error}", file=sys.stderr)
-            return 2 if error.retryable else 1
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command-line grammar."""
-    parser = argparse.ArgumentParser(prog="leasekeeper", description=__doc__.split("\n")[0])
+    from . import cli_admin, cli_remote
+
+    parser = argparse.ArgumentParser(
+        prog="leasekeeper",
+        description="The leasekeeper command: serve, migrate, inspect and operate.",
+        epilog="Listings print aligned tables; add --json for JSON (one object per line).",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("serve", help="start the service")
     commands.add_parser("migrate", help="apply schema migrations and exit")
-    leases = commands.add_parser("leases", help="inspect leases on a running server")
-    sub = leases.add_subparsers(dest="leases_command", required=True)
     # Options after the verb, as the README shows: `leases list -n NS --target ADDR`.
-    where = argparse.ArgumentParser(add_help=False)
-    where.add_argument("--target", default="127.0.0.1:9457", help="server address host:port")
-    where.add_argument("-n", "--namespace", default="default", help="namespace (default: default)")
-    listing = sub.add_parser("list", help="list a namespace's tasks", parents=[where])
-    listing.add_argument("--state", choices=["FREE", "HELD", "EXPIRED", "COMPLETED"])
-    get = sub.add_parser("get", help="show one task", parents=[where])
-    get.add_argument("task_id")
-    effects = commands.add_parser("effects", help="inspect a task's effects (effect ledger)")
-    effects_sub = effects.add_subparsers(dest="effects_command", required=True)
-    effects_list = effects_sub.add_parser(
-        "list", help="list a task's effects, by effect_key", parents=[where]
-    )
-    effects_list.add_argument("task_id")
-    effects_list.add_argument("--state", choices=["RESERVED", "SUCCEEDED", "FAILED"])
+    cli_remote.add_commands(commands)
+    cli_admin.add_commands(commands)
     return parser
 
 
@@ -242,23 +156,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The embedded PostgreSQL is driven through subprocesses; grpc's fork
     # handlers have nothing to do for fork+exec and only log noise about it.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    from . import cli_admin, cli_remote
+
     args = build_parser().parse_args(argv)
-    if args.command == "leases":
-        return asyncio.run(_leases(args))
-    if args.command == "effects":
-        return asyncio.run(_effects(args))
-    # `leases` and `effects` need only the thin client; serve and migrate need the extras.
+    if args.command in cli_remote.COMMANDS:
+        try:
+            return asyncio.run(cli_remote.run(args))
+        except KeyboardInterrupt:  # Ctrl-C during a call (watch handles its own): no traceback
+            return 130
+    # Server calls need only the thin client; the rest needs the extras.
     try:
         from .settings import Settings
     except ImportError as exc:
         print(f"leasekeeper: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
         return 2
     settings = Settings()
-    _configure_logging(settings.log_level)
+    _configure_logging(settings)
     if args.command == "serve":
         return asyncio.run(_serve(settings))
     elif args.command == "migrate":
         asyncio.run(_migrate(settings))
+    elif args.command in cli_admin.COMMANDS:
+        return asyncio.run(cli_admin.run(settings, args))
     return 0
 
 

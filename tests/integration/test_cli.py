@@ -1,16 +1,28 @@
-"""The operator commands `leasekeeper leases list|get` against a real server."""
+"""The operator commands `leasekeeper leases list|get` and `effects list` against a real server."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from tests.helpers import dur
 
+CLI_TIMEOUT_S = 30.0
 
-async def _cli(*args: str) -> tuple[int, str, str]:
+
+async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Runs `python -m leasekeeper_server.cli ARGS` in a process; returns (code, stdout, stderr).
+
+    ``env`` adds to (and overrides) this process's environment; the target
+    and token variables of the caller's shell are not inherited.
+    """
+    full_env = {
+        k: v for k, v in os.environ.items() if k not in ("LEASEKEEPER_TARGET", "LEASEKEEPER_TOKEN")
+    }
+    full_env.update(env or {})
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -18,15 +30,47 @@ async def _cli(*args: str) -> tuple[int, str, str]:
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env=full_env,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
 
+def table_rows(text: str) -> tuple[list[str], list[list[str]]]:
+    """A table's header names and its rows' cells (cells hold no spaces in these tests)."""
+    lines = text.splitlines()
+    return lines[0].split(), [line.split() for line in lines[1:]]
+
+
+def assert_aligned(text: str) -> None:
+    """Every line of a printed table has its column gaps where the header has them.
+
+    Columns are as wide as their widest cell and the header is padded to
+    them, so the two-space gap before each header name must be blank on
+    every line; and every line has one cell per column (cells in these tests
+    hold no spaces).
+    """
+    lines = text.splitlines()
+    header = lines[0]
+    starts = [i for i, ch in enumerate(header) if ch != " " and i > 0 and header[i - 1] == " "]
+    for line in lines[1:]:
+        assert len(line.split()) == len(header.split()), f"{line!r} under {header!r}"
+        for start in starts:
+            assert line[start - 2 : start] == "  ", f"misaligned: {line!r} under {header!r}"
+
+
+async def _claim(stub, namespace: str, task_id: str, owner: str = "w", ttl: float = 30) -> None:
+    reply = await stub.Claim(
+        pb.ClaimRequest(namespace=namespace, task_id=task_id, owner_id=owner, ttl=dur(ttl))
+    )
+    assert reply.acquired
+
+
 async def test_leases_get_held_task_prints_its_lease(server, stub, namespace):
-    await stub.Claim(pb.ClaimRequest(namespace=namespace, task_id="t1", owner_id="w", ttl=dur(30)))
-    code, out, _ = await _cli("leases", "get", "t1", "-n", namespace, "--target", server.target)
+    await _claim(stub, namespace, "t1")
+    where = ("-n", namespace, "--target", server.target)
+    code, out, _ = await run_cli("leases", "get", "t1", *where, "--json")
     assert code == 0
     shown = json.loads(out)
     assert (shown["task_id"], shown["owner_id"], shown["fence"], shown["state"]) == (
@@ -35,44 +79,167 @@ async def test_leases_get_held_task_prints_its_lease(server, stub, namespace):
         1,
         "HELD",
     )
+    assert shown["revoke_reason"] == "" and shown["end_reason"] is None
+
+    code, out, _ = await run_cli("leases", "get", "t1", *where)
+    assert code == 0
+    fields = dict(line.split(maxsplit=1) for line in out.splitlines())
+    assert (fields["task_id"], fields["owner_id"], fields["fence"], fields["state"]) == (
+        "t1",
+        "w",
+        "1",
+        "HELD",
+    )
+    assert fields["expire_time"].endswith("Z") and fields["remaining_ttl"].endswith("s")
+    assert fields["end_reason"] == "-"
 
 
 async def test_leases_get_unknown_task_exits_1(server, namespace):
-    code, _, err = await _cli("leases", "get", "nope", "-n", namespace, "--target", server.target)
+    code, out, err = await run_cli(
+        "leases", "get", "nope", "-n", namespace, "--target", server.target
+    )
     assert code == 1
-    assert "not found" in err
+    assert out == ""
+    assert err.startswith("leasekeeper: NOT_FOUND:") and err.count("\n") == 1
 
 
 async def test_leases_list_state_filter_lists_only_that_state(server, stub, namespace):
     for task_id in ("a", "b", "c"):
-        await stub.Claim(
-            pb.ClaimRequest(namespace=namespace, task_id=task_id, owner_id="w", ttl=dur(30))
-        )
+        await _claim(stub, namespace, task_id)
     await stub.Release(pb.ReleaseRequest(namespace=namespace, task_id="b", owner_id="w", fence=1))
-    code, out, _ = await _cli(
-        "leases", "list", "-n", namespace, "--state", "HELD", "--target", server.target
-    )
+    where = ("-n", namespace, "--target", server.target)
+    code, out, _ = await run_cli("leases", "list", *where, "--state", "HELD", "--json")
     assert code == 0
     listed = [json.loads(line) for line in out.splitlines()]
     assert [(x["task_id"], x["state"]) for x in listed] == [("a", "HELD"), ("c", "HELD")]
 
+    code, out, _ = await run_cli("leases", "list", *where, "--state", "HELD")
+    assert code == 0
+    header, rows = table_rows(out)
+    assert header[:4] == ["TASK_ID", "STATE", "FENCE", "OWNER_ID"]
+    assert [row[:4] for row in rows] == [["a", "HELD", "1", "w"], ["c", "HELD", "1", "w"]]
+    assert_aligned(out)
+
+
+async def test_leases_list_default_prints_an_aligned_table_of_every_task(server, stub, namespace):
+    await _claim(stub, namespace, "short", owner="worker-with-a-long-name")
+    await _claim(stub, namespace, "a-much-longer-task-id", owner="w")
+    await stub.Release(
+        pb.ReleaseRequest(
+            namespace=namespace, task_id="short", owner_id="worker-with-a-long-name", fence=1
+        )
+    )
+    code, out, _ = await run_cli("leases", "list", "-n", namespace, "--target", server.target)
+    assert code == 0
+    header, rows = table_rows(out)
+    assert header == [
+        "TASK_ID",
+        "STATE",
+        "FENCE",
+        "OWNER_ID",
+        "REMAINING_TTL",
+        "EXPIRE_TIME",
+        "CLAIM_TIME",
+        "END_REASON",
+    ]
+    by_task = {row[0]: row for row in rows}
+    assert by_task["short"][1:4] == ["FREE", "1", "worker-with-a-long-name"]
+    assert by_task["short"][-1] == "LEASE_RELEASED"
+    assert by_task["a-much-longer-task-id"][-1] == "-"
+    assert by_task["a-much-longer-task-id"][4].endswith("s")
+    assert_aligned(out)
+
+
+async def test_leases_list_expired_lists_only_expired_leases(server, stub, namespace):
+    await _claim(stub, namespace, "gone", ttl=0.2)
+    await _claim(stub, namespace, "live", ttl=60)
+    where = ("-n", namespace, "--target", server.target)
+    for _ in range(200):  # bounded: the 0.2 s lease expires on the database clock
+        reply = await stub.GetLease(pb.GetLeaseRequest(namespace=namespace, task_id="gone"))
+        if reply.lease.state == pb.TASK_STATE_EXPIRED:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the 0.2 s lease never expired")
+    code, out, _ = await run_cli("leases", "list", *where, "--expired", "--json")
+    assert code == 0
+    assert [(x["task_id"], x["state"]) for x in map(json.loads, out.splitlines())] == [
+        ("gone", "EXPIRED")
+    ]
+    code, out, _ = await run_cli("leases", "list", *where, "--expired")
+    assert code == 0
+    _, rows = table_rows(out)
+    assert [row[:2] for row in rows] == [["gone", "EXPIRED"]]
+
+
+async def test_leases_list_owner_filters_across_pages(server, stub, namespace):
+    for i in range(7):
+        await _claim(stub, namespace, f"t{i}", owner="mine" if i % 3 == 0 else "other")
+    where = ("-n", namespace, "--target", server.target)
+    # Pages of 2 tasks: the owner's tasks are spread over four pages.
+    code, out, _ = await run_cli(
+        "leases", "list", *where, "--owner", "mine", "--page-size", "2", "--json"
+    )
+    assert code == 0
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert [(x["task_id"], x["owner_id"]) for x in listed] == [
+        ("t0", "mine"),
+        ("t3", "mine"),
+        ("t6", "mine"),
+    ]
+    code, out, _ = await run_cli("leases", "list", *where, "--owner", "mine", "--limit", "2")
+    assert code == 0
+    _, rows = table_rows(out)
+    assert [row[0] for row in rows] == ["t0", "t3"]
+    code, out, _ = await run_cli("leases", "list", *where, "--owner", "nobody")
+    assert code == 0
+    assert out.splitlines()[0].split()[0] == "TASK_ID" and len(out.splitlines()) == 1
+
+
+async def test_leases_list_limit_stops_after_n_tasks(server, stub, namespace):
+    for task_id in ("a", "b", "c", "d"):
+        await _claim(stub, namespace, task_id)
+    code, out, _ = await run_cli(
+        "leases", "list", "-n", namespace, "--target", server.target, "--limit", "3", "--json"
+    )
+    assert code == 0
+    assert [json.loads(line)["task_id"] for line in out.splitlines()] == ["a", "b", "c"]
+
+
+async def test_leases_list_state_and_expired_together_is_a_usage_error(server, namespace):
+    code, _, err = await run_cli(
+        "leases", "list", "-n", namespace, "--state", "HELD", "--expired", "--target", server.target
+    )
+    assert code == 2
+    assert "--expired" in err
+
 
 async def test_leases_get_bad_namespace_prints_one_line_exits_1(server):
-    code, _, err = await _cli("leases", "get", "t", "-n", "", "--target", server.target)
+    code, _, err = await run_cli("leases", "get", "t", "-n", "", "--target", server.target)
     assert code == 1
-    assert "namespace" in err
-    assert "Traceback" not in err
-
-
-async def test_leases_list_unreachable_server_prints_one_line_exits_2(unused_tcp_port):
-    target = f"127.0.0.1:{unused_tcp_port}"
-    code, _, err = await _cli("leases", "list", "-n", "ns", "--target", target)
-    assert code == 2
+    assert err.startswith("leasekeeper: INVALID_ARGUMENT:") and "namespace" in err
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+async def test_leases_list_unreachable_server_prints_one_line_exits_1(unused_tcp_port):
+    target = f"127.0.0.1:{unused_tcp_port}"
+    code, _, err = await run_cli("leases", "list", "-n", "ns", "--target", target)
+    assert code == 1
+    assert err.startswith("leasekeeper: UNAVAILABLE:")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+async def test_leases_list_target_comes_from_the_environment(server, stub, namespace):
+    await _claim(stub, namespace, "t")
+    code, out, _ = await run_cli(
+        "leases", "list", "-n", namespace, "--json", env={"LEASEKEEPER_TARGET": server.target}
+    )
+    assert code == 0
+    assert [json.loads(line)["task_id"] for line in out.splitlines()] == ["t"]
+
+
 async def test_effects_list_shows_what_was_reserved_by_which_fence(server, stub, namespace):
-    await stub.Claim(pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="w", ttl=dur(30)))
+    await _claim(stub, namespace, "t")
     for key in ("email", "draft"):
         await stub.BeginEffect(
             pb.BeginEffectRequest(
@@ -95,7 +262,7 @@ async def test_effects_list_shows_what_was_reserved_by_which_fence(server, stub,
         )
     )
     where = ("-n", namespace, "--target", server.target)
-    code, out, _ = await _cli("effects", "list", "t", *where)
+    code, out, _ = await run_cli("effects", "list", "t", *where, "--json")
     assert code == 0
     listed = [json.loads(line) for line in out.splitlines()]
     assert [(x["effect_key"], x["state"], x["fence"]) for x in listed] == [
@@ -104,5 +271,16 @@ async def test_effects_list_shows_what_was_reserved_by_which_fence(server, stub,
     ]
     assert (listed[1]["result"], listed[1]["request_digest"]) == ("msg-7", "01ff")
     assert listed[1]["complete_fence"] == 1 and listed[0]["complete_time"] is None
-    code, out, _ = await _cli("effects", "list", "t", *where, "--state", "RESERVED")
+    code, out, _ = await run_cli("effects", "list", "t", *where, "--state", "RESERVED", "--json")
     assert [json.loads(line)["effect_key"] for line in out.splitlines()] == ["draft"]
+
+    code, out, _ = await run_cli("effects", "list", "t", *where)
+    assert code == 0
+    header, rows = table_rows(out)
+    assert header[:3] == ["EFFECT_KEY", "POLICY", "STATE"]
+    assert [row[:5] for row in rows] == [
+        ["draft", "ONCE", "RESERVED", "1", "0"],
+        ["email", "ONCE", "SUCCEEDED", "1", "1"],
+    ]
+    assert rows[1][-1] == "msg-7" and rows[0][-1] == "-"
+    assert_aligned(out)
