@@ -25,10 +25,11 @@ Durations are float seconds (or ``timedelta`` on input); instants are UTC
 """
 
 from ._owner import new_owner_id, new_request_id
-from ._types import BeginResult, ClaimResult, EffectRecord, FenceCheck, LeaseInfo
+from ._types import BeginResult, ClaimResult, EffectRecord, FenceCheck, LeaseInfo, TaskEvent
 from .client import LeaseClient
 from .effects import EffectOutcome, EffectRunner, request_digest
 from .errors import (
+    AccessDenied,
     ClaimTimeout,
     EffectAlreadyCompleted,
     EffectError,
@@ -40,6 +41,7 @@ from .errors import (
     LeaseError,
     LeaseLost,
     LeaseUnavailable,
+    LimitExceeded,
     MissingFence,
     NotAcquired,
     StaleFence,
@@ -63,6 +65,7 @@ __all__ = [
     "METADATA_FENCE",
     "METADATA_NAMESPACE",
     "METADATA_TASK_ID",
+    "AccessDenied",
     "BeginResult",
     "ClaimResult",
     "ClaimTimeout",
@@ -88,10 +91,12 @@ __all__ = [
     "LeaseInfo",
     "LeaseLost",
     "LeaseUnavailable",
+    "LimitExceeded",
     "MissingFence",
     "NotAcquired",
     "StaleFence",
     "TaskCompleted",
+    "TaskEvent",
     "TaskNotFound",
     "fence_from_metadata",
     "new_owner_id",

@@ -39,6 +39,7 @@ class LeaseInfo:
         runtime_deadline: End of the runtime budget (UTC), or None.
         claim_time: When the current fence was granted (UTC), or None.
         end_reason: Why the last lease ended (a loss reason name), or None.
+        revoke_reason: The operator's reason when the last lease was revoked, else "".
     """
 
     namespace: str
@@ -51,6 +52,7 @@ class LeaseInfo:
     runtime_deadline: datetime | None
     claim_time: datetime | None
     end_reason: str | None
+    revoke_reason: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,6 +68,8 @@ class ClaimResult:
         holder_expire_time: When not acquired: the holder's expire_time (UTC), if sent.
         request_id: The request id the claim was sent with (pass it again to
             retry this claim); empty when it was sent without one.
+        retry_after: When not acquired: seconds until the task can be granted,
+            as far as the database could tell (holder's ttl plus lock delay).
     """
 
     acquired: bool
@@ -74,6 +78,25 @@ class ClaimResult:
     send_time: float
     holder_expire_time: datetime | None = None
     request_id: str = ""
+    retry_after: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskEvent:
+    """One event of a task, as ``LeaseClient.watch`` delivers it.
+
+    Attributes:
+        type: ``"SNAPSHOT"`` (the task as it is: first, and after a possible
+            gap), ``"CLAIMED"``, ``"RELEASED"``, ``"EXPIRED"``, ``"COMPLETED"``
+            or ``"REVOKED"``.
+        lease: The task's lease as the event left it; None for a namespace
+            SNAPSHOT (re-read what you care about).
+        event_time: When it happened (UTC, database clock); None when unknown.
+    """
+
+    type: str
+    lease: LeaseInfo | None
+    event_time: datetime | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -230,6 +253,16 @@ def lease_info(message: pb.Lease) -> LeaseInfo:
         runtime_deadline=_instant(message, "runtime_deadline"),
         claim_time=_instant(message, "claim_time"),
         end_reason=enum_name(pb.LossReason, message.end_reason, "LOSS_REASON_"),
+        revoke_reason=message.revoke_reason,
+    )
+
+
+def task_event(message: pb.TaskEvent) -> TaskEvent:
+    """Convert a ``TaskEvent`` proto."""
+    return TaskEvent(
+        type=enum_name(pb.TaskEventType, message.type, "TASK_EVENT_TYPE_") or "UNSPECIFIED",
+        lease=lease_info(message.lease) if message.HasField("lease") else None,
+        event_time=_instant(message, "event_time"),
     )
 
 
@@ -250,6 +283,11 @@ def claim_result(message: pb.ClaimResponse, send_time: float, request_id: str = 
         send_time=send_time,
         holder_expire_time=None if acquired else _instant(message, "holder_expire_time"),
         request_id=request_id,
+        retry_after=(
+            None
+            if acquired or not message.HasField("retry_after")
+            else from_duration(message.retry_after)
+        ),
     )
 
 

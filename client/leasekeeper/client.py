@@ -9,6 +9,7 @@ own, except inside :meth:`LeaseClient.hold`, which documents its retries.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,7 +19,15 @@ import grpc
 from . import _types
 from ._owner import OwnerIdentity, new_request_id
 from ._trust import Clock
-from ._types import BeginResult, ClaimResult, EffectRecord, FenceCheck, LeaseInfo, Seconds
+from ._types import (
+    BeginResult,
+    ClaimResult,
+    EffectRecord,
+    FenceCheck,
+    LeaseInfo,
+    Seconds,
+    TaskEvent,
+)
 from .errors import InvalidArgument, from_rpc_error
 from .lease import LeaseHold
 from .v1 import lease_service_pb2 as pb
@@ -27,6 +36,7 @@ from .v1 import lease_service_pb2_grpc as pb_grpc
 DEFAULT_TARGET = "127.0.0.1:9457"
 DEFAULT_NAMESPACE = "default"
 DEFAULT_CALL_TIMEOUT_S = 10.0
+TOKEN_ENV = "LEASEKEEPER_TOKEN"
 
 _Response = TypeVar("_Response")
 _Item = TypeVar("_Item")
@@ -67,6 +77,8 @@ class LeaseClient:
         *,
         call_timeout: Seconds | None = DEFAULT_CALL_TIMEOUT_S,
         clock: Clock = time.monotonic,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         """Create a client; no connection is made until the first call.
 
@@ -84,11 +96,24 @@ class LeaseClient:
                 safe: every claim carries a request id, so the restarted
                 process gets a new fence and its predecessor's fence is refused.
             channel: A ``grpc.aio`` channel to use; the caller keeps ownership
-                (``close()`` does not close it). None: an insecure channel to
-                ``target``, owned and closed by the client.
+                (``close()`` does not close it). None: a channel to ``target``
+                (secure with ``credentials``, else insecure), owned and closed
+                by the client.
             call_timeout: Deadline of each unary call, in seconds (or a
                 ``timedelta``); None for no deadline. The heartbeat stream has none.
             clock: Monotonic clock in seconds for send times and trust deadlines.
+            token: The bearer token sent as ``authorization: Bearer <token>``
+                metadata on every call and on the heartbeat stream (metadata
+                rather than call credentials, so it works on a plaintext
+                loopback channel and on a ``channel`` given by the caller).
+                None: the ``LEASEKEEPER_TOKEN`` environment variable, if set.
+                A server with authentication on answers calls without a valid
+                token UNAUTHENTICATED, and calls outside the token's role or
+                namespaces PERMISSION_DENIED (both raised as ``LeaseError``).
+            credentials: TLS for the channel the client opens, e.g.
+                ``grpc.ssl_channel_credentials(root_certificates=ca_pem)``, with
+                ``private_key`` and ``certificate_chain`` for mutual TLS.
+                None: an insecure channel. Unused when ``channel`` is given.
 
         Raises:
             InvalidArgument: ``call_timeout`` is not a finite duration (raised locally).
@@ -102,6 +127,11 @@ class LeaseClient:
         self._stub: pb_grpc.LeaseServiceStub | None = None
         self._call_timeout_s = _types.optional_seconds(call_timeout, "call_timeout")
         self._clock = clock
+        self._credentials = credentials
+        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        self._metadata: tuple[tuple[str, str], ...] | None = (
+            (("authorization", f"Bearer {token}"),) if token else None
+        )
         self._held: set[str] = set()
         self._closed = False
 
@@ -121,6 +151,11 @@ class LeaseClient:
         return self._owner.value
 
     @property
+    def call_metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """The metadata every call of this client carries (the bearer token), or None."""
+        return self._metadata
+
+    @property
     def clock(self) -> Clock:
         """The monotonic clock used for send times and trust deadlines."""
         return self._clock
@@ -137,7 +172,10 @@ class LeaseClient:
             raise RuntimeError("LeaseClient is closed")
         if self._stub is None:
             if self._channel is None:
-                self._channel = grpc.aio.insecure_channel(self._target)
+                if self._credentials is not None:
+                    self._channel = grpc.aio.secure_channel(self._target, self._credentials)
+                else:
+                    self._channel = grpc.aio.insecure_channel(self._target)
             self._stub = pb_grpc.LeaseServiceStub(self._channel)
         return self._stub
 
@@ -164,7 +202,7 @@ class LeaseClient:
         fence: int | None = None,
     ) -> _Response:
         try:
-            return await rpc(request, timeout=self._call_timeout_s)
+            return await rpc(request, timeout=self._call_timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(error, task_id=task_id, fence=fence) from error
 
@@ -175,6 +213,7 @@ class LeaseClient:
         max_runtime: Seconds | None = None,
         *,
         request_id: str | None = None,
+        wait: Seconds | None = None,
     ) -> ClaimResult:
         """Claim a task for this owner. One atomic decision on the database clock.
 
@@ -204,6 +243,11 @@ class LeaseClient:
                 a fresh :func:`~leasekeeper.new_request_id`. ``""``: no request id
                 (the behaviour of clients older than request ids: a claim by the
                 owner of a live lease always gets that lease back).
+            wait: Seconds the server may wait for a task held by another owner
+                (or in its namespace's lock delay) to become free, woken by the
+                database's announcement of the change, within the server's
+                ``max_claim_wait``; keep it below ``call_timeout``. None: answer
+                at once.
 
         Returns:
             The outcome; ``send_time`` is this client's clock when the request
@@ -212,6 +256,8 @@ class LeaseClient:
         Raises:
             TaskCompleted: FAILED_PRECONDITION, the task is terminal.
             InvalidArgument: INVALID_ARGUMENT (or raised locally for a non-finite duration).
+            LimitExceeded: RESOURCE_EXHAUSTED, a namespace limit; wait ``retry_after``.
+            AccessDenied: UNAUTHENTICATED or PERMISSION_DENIED.
             LeaseUnavailable: UNAVAILABLE; retry with the same ``request_id``.
             LeaseError: Any other status (e.g. DEADLINE_EXCEEDED: outcome unknown;
                 a retry with the same ``request_id`` returns the same lease).
@@ -226,6 +272,7 @@ class LeaseClient:
             ttl=_types.to_duration(ttl, "ttl"),
             max_runtime=_types.to_duration(max_runtime, "max_runtime"),
             request_id=request_id,
+            wait=_types.to_duration(wait, "wait"),
         )
         send_time = self._clock()
         response = await self._call(self.stub.Claim, request, task_id=task_id)
@@ -361,6 +408,60 @@ class LeaseClient:
         )
         response = await self._call(self.stub.ListLeases, request)
         return [_types.lease_info(lease) for lease in response.leases], response.next_page_token
+
+    async def revoke(self, task_id: str, reason: str, fence: int = 0) -> tuple[bool, LeaseInfo]:
+        """End the task's lease now (an operator's call; needs an admin token when auth is on).
+
+        The fence stops validating at once, the holder's heartbeat ends ABORTED
+        ``LEASE_REVOKED`` and the next claim gets a new fence.
+
+        Args:
+            task_id: The task.
+            reason: Why (recorded, audited, shown to watchers); 1-1024 bytes.
+            fence: Revoke only this fence; 0 for whatever lease is current.
+
+        Returns:
+            ``(revoked, lease)``: revoked is False when the task had no such
+            lease (FREE, or superseded); lease is the task after the call.
+
+        Raises:
+            TaskNotFound: NOT_FOUND, the task was never claimed.
+            TaskCompleted: FAILED_PRECONDITION, the task is terminal.
+            AccessDenied: UNAUTHENTICATED or PERMISSION_DENIED.
+            InvalidArgument: INVALID_ARGUMENT.
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.RevokeRequest(
+            namespace=self._namespace, task_id=task_id, reason=reason, fence=fence
+        )
+        response = await self._call(self.stub.Revoke, request, task_id=task_id)
+        return response.revoked, _types.lease_info(response.lease)
+
+    async def watch(self, task_id: str | None = None) -> AsyncIterator[TaskEvent]:
+        """The events of one task (or of this namespace), as the database commits them.
+
+        Yields a ``SNAPSHOT`` first (for one task), then ``CLAIMED``,
+        ``RELEASED``, ``EXPIRED``, ``COMPLETED`` and ``REVOKED`` events; a
+        later ``SNAPSHOT`` means events may have been missed. Runs until the
+        caller stops iterating (the stream is cancelled then). No call timeout
+        applies.
+
+        Raises:
+            LeaseUnavailable: UNAVAILABLE (server shutting down): watch again.
+            AccessDenied: UNAUTHENTICATED or PERMISSION_DENIED.
+            InvalidArgument: INVALID_ARGUMENT.
+
+        """
+        request = pb.WatchRequest(namespace=self._namespace, task_id=task_id or "")
+        call = self.stub.Watch(request, metadata=self._metadata)
+        try:
+            async for message in call:
+                yield _types.task_event(message)
+        except grpc.aio.AioRpcError as error:
+            raise from_rpc_error(error, task_id=task_id) from error
+        finally:
+            call.cancel()
 
     async def iter_leases(
         self, state: str | None = None, page_size: int = 100
@@ -610,7 +711,7 @@ class LeaseClient:
         )
 
     def _open_heartbeat(self) -> Any:
-        return self.stub.Heartbeat()
+        return self.stub.Heartbeat(metadata=self._metadata)
 
     def _mark_held(self, task_id: str) -> bool:
         """Reserve ``task_id`` for one hold() of this client; False if already held."""

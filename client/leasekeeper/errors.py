@@ -125,6 +125,39 @@ class LeaseLost(LeaseError):
         return _int_or_none(self.metadata.get("current_fence"))
 
 
+class AccessDenied(LeaseError):
+    """The server refused the caller's credentials.
+
+    ``code`` says which: UNAUTHENTICATED (no token, or one the server does not
+    accept: check ``token=`` / ``LEASEKEEPER_TOKEN``) or PERMISSION_DENIED (the
+    token's role or namespaces do not cover this call). Not retryable.
+    """
+
+
+class LimitExceeded(LeaseError):
+    """A namespace limit refused the call for now (RESOURCE_EXHAUSTED); nothing changed.
+
+    ``reason`` is ``LEASE_LIMIT`` (the namespace holds its maximum of live
+    leases) or ``CLAIM_RATE_LIMIT`` (its claims per second are spent).
+
+    Attributes:
+        retry_after: Seconds to wait before trying again (google.rpc.RetryInfo),
+            or None when the server sent none.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        code: grpc.StatusCode | None = grpc.StatusCode.RESOURCE_EXHAUSTED,
+        reason: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, code=code, reason=reason, metadata=metadata)
+        self.retry_after = retry_after
+
+
 class TaskCompleted(LeaseError):
     """The task is COMPLETED: no claim is ever granted again (FAILED_PRECONDITION)."""
 
@@ -410,6 +443,9 @@ def from_rpc_error(
     INVALID_ARGUMENT      any                       InvalidArgument
     NOT_FOUND             any                       TaskNotFound
     UNAVAILABLE           any (or none)             LeaseUnavailable
+    UNAUTHENTICATED       any                       AccessDenied
+    PERMISSION_DENIED     any                       AccessDenied
+    RESOURCE_EXHAUSTED    LEASE_LIMIT, ...          LimitExceeded (retry_after)
     anything else         any                       LeaseError
     ====================  ========================  ======================
 
@@ -426,7 +462,8 @@ def from_rpc_error(
     code = code_fn() if callable(code_fn) else grpc.StatusCode.UNKNOWN
     details_fn = getattr(error, "details", None)
     message = (details_fn() if callable(details_fn) else None) or str(code)
-    reason, metadata, violations = error_details(rich_status_of(error))
+    status = rich_status_of(error)
+    reason, metadata, violations = error_details(status)
     if code is grpc.StatusCode.ABORTED:
         if reason == FENCE_MISSING:
             return MissingFence(metadata.get("key", "leasekeeper-fence"))
@@ -442,4 +479,20 @@ def from_rpc_error(
         return TaskNotFound(message, code=code, reason=reason, metadata=metadata)
     if code is grpc.StatusCode.UNAVAILABLE:
         return LeaseUnavailable(message, code=code, reason=reason, metadata=metadata)
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return AccessDenied(message, code=code, reason=reason, metadata=metadata)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return LimitExceeded(
+            message, retry_after=retry_delay_s(status), reason=reason, metadata=metadata
+        )
     return LeaseError(message, code=code, reason=reason, metadata=metadata)
+
+
+def retry_delay_s(status: status_pb2.Status | None) -> float | None:
+    """The ``google.rpc.RetryInfo`` delay of a status in seconds, or None."""
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            return info.retry_delay.ToTimedelta().total_seconds()
+    return None

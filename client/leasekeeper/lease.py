@@ -63,8 +63,12 @@ _NOT_OURS = frozenset(
         "FENCE_UNKNOWN",
     }
 )
-# A claim that ended with one of these may be tried again with the same request id.
-_CLAIM_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# Codes after which a claim's outcome is unknown or it never ran: retried with
+# the same request id (a granted claim comes back as the same lease). CANCELLED:
+# a replica shutting down cancels calls it had not yet handed to the service.
+_CLAIM_RETRY_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
 MIN_BEAT_INTERVAL_S = 0.01
 CLAIM_BACKOFF_INITIAL_S = 0.05
 CLAIM_BACKOFF_MAX_S = 2.0
