@@ -2,13 +2,18 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
+NPM ?= npm
+BUF := node_modules/.bin/buf
+BUF_BASELINE := protos/baseline/leasekeeper-v1.binpb
+# npm packages: buf (root package.json) and the Node.js example's gRPC libraries.
+NODE_DEPS := node_modules/.installed examples/node/node_modules/.installed
 
 .DEFAULT_GOAL := help
 
-.PHONY: help serve test lint protos demo clean
+.PHONY: help serve test lint protos protos-check protos-baseline demo clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,13 +21,24 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# `npm ci` installs exactly what the lock file says; again only when it changes.
+node_modules/.installed: package.json package-lock.json
+	@command -v $(NPM) >/dev/null || { echo "npm (Node.js 20+) is needed for buf: install Node.js" >&2; exit 1; }
+	$(NPM) ci --no-audit --no-fund
+	touch $@
+
+examples/node/node_modules/.installed: examples/node/package.json examples/node/package-lock.json
+	@command -v $(NPM) >/dev/null || { echo "npm (Node.js 20+) is needed for examples/node: install Node.js" >&2; exit 1; }
+	cd examples/node && $(NPM) ci --no-audit --no-fund
+	touch $@
+
 serve: $(VENV)/.installed ## start the service (embedded PostgreSQL unless LEASEKEEPER_DATABASE_URL is set)
 	$(VENV)/bin/leasekeeper serve
 
-test: $(VENV)/.installed ## run the test suite (real PostgreSQL: local on :5432, else embedded)
+test: $(VENV)/.installed $(NODE_DEPS) ## run the test suite (real PostgreSQL: local on :5432, else embedded)
 	$(PY) -m pytest
 
-lint: $(VENV)/.installed ## ruff and mypy
+lint: $(VENV)/.installed protos-check ## ruff, mypy, and buf on the protos (protos-check)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy server client
@@ -30,8 +46,15 @@ lint: $(VENV)/.installed ## ruff and mypy
 protos: $(VENV)/.installed ## regenerate the Python stubs from protos/
 	$(PY) scripts/gen_protos.py
 
+protos-check: node_modules/.installed ## buf lint, and buf breaking against the published baseline
+	$(BUF) lint
+	$(BUF) breaking --against $(BUF_BASELINE)
+
+protos-baseline: node_modules/.installed ## publish protos/ as the new breaking-change baseline
+	$(BUF) build -o $(BUF_BASELINE)
+
 demo: $(VENV)/.installed ## the paused-worker and crashed-worker scenarios on real processes
 	$(PY) examples/demo.py
 
-clean: ## remove the virtual environment
-	rm -rf $(VENV)
+clean: ## remove the virtual environment and the npm packages
+	rm -rf $(VENV) node_modules examples/node/node_modules
