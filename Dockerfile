@@ -17,7 +17,9 @@ RUN python -m venv /opt/leasekeeper \
  && /opt/leasekeeper/bin/pip install --no-cache-dir '.[server]'
 
 FROM python:3.11-slim
-RUN useradd --system --uid 10001 --home-dir /data --create-home leasekeeper
+# uid and gid 10001: deploy/k8s/deployment.yaml runs the pod as 10001:10001.
+RUN groupadd --system --gid 10001 leasekeeper \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /data --create-home leasekeeper
 COPY --from=build /opt/leasekeeper /opt/leasekeeper
 ENV PATH=/opt/leasekeeper/bin:$PATH \
     LEASEKEEPER_LISTEN=0.0.0.0:9457 \
