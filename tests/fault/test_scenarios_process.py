@@ -44,7 +44,7 @@ import pytest
 from leasekeeper import LeaseClient, LeaseInfo
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-from tests.fault.processes import ServerProcess, server_env, server_process
+from tests.fault.processes import STEP_S, ServerProcess, poll, server_env, server_process
 from tests.fault.proxy import tcp_proxy
 from tests.helpers import dur
 
@@ -63,18 +63,6 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 
 RESUME_WORKER = Path(__file__).with_name("resume_worker.py")
 SETTINGS = {"min_ttl_s": 0.1, "health_interval_s": 0.2}
-STEP_S = 15.0  # the longest any one step may take on a loaded machine
-POLL_S = 0.02
-
-
-async def poll(probe: Callable[[], Awaitable[Any]], what: str, within_s: float = STEP_S) -> Any:
-    """Awaits ``probe()`` every 20 ms until it returns something truthy; returns it."""
-    deadline = time.monotonic() + within_s
-    while True:
-        if result := await probe():
-            return result
-        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
-        await asyncio.sleep(POLL_S)
 
 
 @contextlib.asynccontextmanager

@@ -51,7 +51,7 @@ import signal
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -64,7 +64,7 @@ import pytest
 from leasekeeper import ClaimTimeout, HeldLease, LeaseClient
 from tests.fault.history.checker import check
 from tests.fault.history.worker import micros
-from tests.fault.processes import ServerProcess, server_env, spawn_server
+from tests.fault.processes import STEP_S, ServerProcess, poll, server_env, spawn_server
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
@@ -75,7 +75,6 @@ STEADY_TTL_S = 3.0  # beats every 1 s; trust window 2.7 s after each confirmed r
 CONTEND_TTL_S = 2.0
 WORK_S = 0.2  # a contender's work while it holds its task
 CONTEND_WAIT_S = 8.0
-STEP_S = 15.0  # the longest any one step may take on a loaded machine
 POLL_S = 0.05
 SETTINGS = {"min_ttl_s": 0.1, "health_interval_s": 0.2, "shutdown_grace_s": 2.0}
 REPLICA_SETTING = "leasekeeper_test.replica"
@@ -139,16 +138,6 @@ DROP TRIGGER IF EXISTS replica_record_task_version ON leasekeeper_tasks;
 DROP FUNCTION IF EXISTS replica_record_task_version();
 DROP TABLE IF EXISTS replica_task_versions;
 """
-
-
-async def poll(probe: Callable[[], Awaitable[Any]], what: str, within_s: float = STEP_S) -> Any:
-    """Awaits ``probe()`` every 50 ms until it returns something truthy; returns it."""
-    deadline = time.monotonic() + within_s
-    while True:
-        if result := await probe():
-            return result
-        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
-        await asyncio.sleep(POLL_S)
 
 
 def replica_url(database_url: str, replica: str) -> str:
@@ -335,7 +324,9 @@ async def test_three_replicas_one_killed_one_restarted_leases_kept_and_never_dou
                 counts = established_counts(os.getpid(), ports)
                 return all(counts[p] >= CLIENTS for p in ports)
 
-            await poll(all_connected, "each client connected to all three replicas")
+            await poll(
+                all_connected, "each client connected to all three replicas", interval_s=POLL_S
+            )
 
             async def start_client(i: int, client: LeaseClient) -> None:
                 # One hold at a time, each once its stream renewed: a client's calls then
@@ -348,7 +339,7 @@ async def test_three_replicas_one_killed_one_restarted_leases_kept_and_never_dou
                         rows = await versions(db, namespace)
                         return task_id in stream_replicas(rows, [task_id])
 
-                    await poll(renewed, f"{task_id} renewed by its stream")
+                    await poll(renewed, f"{task_id} renewed by its stream", interval_s=POLL_S)
                 # Clients 0 and 2 contend for contested-0, 1 and 3 for contested-1.
                 work.append(asyncio.create_task(contend(client, contested[i % 2], holders, stop)))
 
@@ -358,7 +349,9 @@ async def test_three_replicas_one_killed_one_restarted_leases_kept_and_never_dou
                 found = stream_replicas(await versions(db, namespace), steady_tasks)
                 return found if len(found) == len(steady_tasks) else None
 
-            before_kill = await poll(streams_up, "every steady lease renewed by its stream")
+            before_kill = await poll(
+                streams_up, "every steady lease renewed by its stream", interval_s=POLL_S
+            )
             assert set(before_kill.values()) == set(REPLICAS), (
                 f"streams not spread over the replicas: {before_kill}"
             )
@@ -376,7 +369,9 @@ async def test_three_replicas_one_killed_one_restarted_leases_kept_and_never_dou
                 by = renewed_since(await versions(db, namespace), steady_tasks, killed_at)
                 return by if len(by) == len(steady_tasks) else None
 
-            after_kill = await poll(resumed_elsewhere, "every steady lease renewed after the kill")
+            after_kill = await poll(
+                resumed_elsewhere, "every steady lease renewed after the kill", interval_s=POLL_S
+            )
             resumed_at = time.monotonic()
             for task_id in steady_tasks:
                 assert after_kill[task_id] <= {r.name for r in survivors}, after_kill[task_id]
@@ -394,7 +389,11 @@ async def test_three_replicas_one_killed_one_restarted_leases_kept_and_never_dou
                 by = renewed_since(await versions(db, namespace), steady_tasks, drained_at)
                 return len(by) == len(steady_tasks)
 
-            await poll(all_on_last, f"every steady lease renewed through {last.name} alone")
+            await poll(
+                all_on_last,
+                f"every steady lease renewed through {last.name} alone",
+                interval_s=POLL_S,
+            )
             env = server_env(replica_url(database_url, bounced.name), **SETTINGS)
             env["LEASEKEEPER_LISTEN"] = f"127.0.0.1:{bounced.port}"
             bounced.process = await spawn_server(bounced.log_dir, env)
@@ -407,7 +406,11 @@ async def test_three_replicas_one_killed_one_restarted_leases_kept_and_never_dou
                     r["replica"] == bounced.name and r["recorded_at"] > restarted_at for r in rows
                 )
 
-            await poll(back_on_restarted, f"clients back on the restarted {bounced.name}")
+            await poll(
+                back_on_restarted,
+                f"clients back on the restarted {bounced.name}",
+                interval_s=POLL_S,
+            )
             back_at = time.monotonic()
             assert not any(t.done() for t in work), [t for t in work if t.done()]
         finally:

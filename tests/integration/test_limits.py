@@ -6,23 +6,17 @@ import asyncio
 from datetime import timedelta
 
 import grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
+from leasekeeper import errors
 from leasekeeper.v1 import lease_service_pb2 as pb
 from tests.helpers import dur, error_info
 from tests.integration.contract_helpers import LEASE_ROWS, claim, failure, grant, release
 
 
 def retry_delay_s(exc: grpc.aio.AioRpcError) -> float:
-    status = rpc_status.from_call(exc)
-    assert status is not None
-    for detail in status.details:
-        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            info = error_details_pb2.RetryInfo()
-            detail.Unpack(info)
-            return info.retry_delay.ToTimedelta().total_seconds()
-    raise AssertionError("no RetryInfo in the status")
+    delay = errors.retry_delay_s(errors.rich_status_of(exc))
+    assert delay is not None, "no RetryInfo in the status"
+    return delay
 
 
 async def set_limits(server, db, namespace, **values) -> None:
