@@ -37,13 +37,9 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 
 from . import tracing
 from .audit import Audit
+from .auth import current_principal
 from .errors import LeaseServiceError
 from .metrics import ClaimResult, Metrics
-
-try:  # the caller's principal, where authentication is built in
-    from .auth import current_principal as _current_principal
-except ImportError:  # pragma: no cover - a build without auth.py
-    _current_principal = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +53,7 @@ _LOSS_PREFIX = "LOSS_REASON_"
 
 def _principal() -> str | None:
     """The caller's principal name when ``auth.py`` recorded one for this call."""
-    if _current_principal is None:
-        return None
-    principal = _current_principal()
+    principal = current_principal()
     name = getattr(principal, "name", None)
     return name if isinstance(name, str) else None
 
