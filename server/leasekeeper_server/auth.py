@@ -28,6 +28,7 @@ name or public id, never the token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import ipaddress
@@ -47,7 +48,7 @@ import grpc
 from leasekeeper.v1 import lease_service_pb2 as pb
 
 from . import tokens
-from .errors import PermissionDenied, Unauthenticated
+from .errors import DatabaseUnavailable, PermissionDenied, Unauthenticated
 from .rpc import MalformedRequest, abort_with
 from .settings import Settings
 
@@ -118,6 +119,47 @@ _PRINCIPAL: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
 )
 
 
+# The current call's authenticator and token, for calls that outlive a check:
+# streams and waiting claims re-check their token while they run.
+_CREDENTIALS: contextvars.ContextVar[tuple[Authenticator, str] | None] = contextvars.ContextVar(
+    "leasekeeper_credentials", default=None
+)
+
+# How often a long call re-checks its token without a change notification (a
+# token file rotated, a database token that expired): the cache's lifetime.
+RECHECK_S = 5.0
+
+
+async def until_credentials_lost(namespace: str) -> None:
+    """Returns never while the current call's token stays valid for ``namespace``; else raises.
+
+    Streams (Heartbeat, Watch) and waiting claims run it beside their work: a
+    token revoked in the database ends them within about a second (the change
+    notification wakes this at once), one that expired or left a token file
+    within ``RECHECK_S``. With authentication off it simply waits forever.
+
+    Raises:
+        Unauthenticated: the token is no longer accepted (UNAUTHENTICATED).
+        PermissionDenied: it no longer covers ``namespace`` (PERMISSION_DENIED).
+    """
+    credentials = _CREDENTIALS.get()
+    if credentials is None:
+        await asyncio.Event().wait()  # nothing to lose
+        return
+    authenticator, token = credentials
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(authenticator.changed().wait(), RECHECK_S)
+        try:
+            principal = await authenticator.authenticate(token)
+        except DatabaseUnavailable:
+            continue  # a database blip is no reason to end a call; ask again later
+        if not principal.covers(namespace):
+            raise PermissionDenied(
+                f"token {principal.name!r} no longer covers namespace {namespace!r}"
+            )
+
+
 def current_principal() -> Principal | None:
     """The caller of the RPC being handled; None when authentication is off."""
     return _PRINCIPAL.get()
@@ -169,10 +211,13 @@ def log_startup(settings: Settings, tls: bool) -> None:
                 settings.listen,
             )
         return
-    source = f"token file {settings.tokens_file} and " if settings.tokens_file else "no token "
-    log.info("authentication on: %sdatabase tokens (leasekeeper tokens create)", source)
-    if not settings.tokens_file:
-        log.info("no token file; until a database token is created every call is refused")
+    if settings.tokens_file:
+        log.info(
+            "authentication on: tokens from %s and from the database (leasekeeper tokens)",
+            settings.tokens_file,
+        )
+    else:
+        log.info("authentication on: tokens from the database (leasekeeper tokens create)")
     if not tls and not loopback:
         log.warning(
             "authentication on without TLS on %s: tokens travel in clear text; "
@@ -254,12 +299,23 @@ class Authenticator:
             CACHE_MAX_ENTRIES, ttu=_cache_until, timer=time.monotonic
         )
         self._generation = 0
+        self._changed = asyncio.Event()
+
+    def changed(self) -> asyncio.Event:
+        """An event set at the next change of database tokens (a fresh one after each)."""
+        return self._changed
 
     def on_config_change(self, payload: str) -> None:
-        """Forgets cached database answers on ``tokens`` or ``*`` (anything may have changed)."""
+        """Forgets cached database answers on ``tokens`` or ``*`` (anything may have changed).
+
+        Also wakes the calls that re-check their token while they run
+        (:func:`until_credentials_lost`).
+        """
         if payload in ("tokens", "*"):
             self._generation += 1
             self._cache.clear()
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
 
     def _caching(self) -> bool:
         return self._listening is not None and self._listening.is_set()
@@ -355,6 +411,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         # grpc.aio runs the interceptor and the handler in one task: the
         # handler (and what it spawns) sees this principal.
         _PRINCIPAL.set(principal)
+        _CREDENTIALS.set((self._auth, token or ""))
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_streaming:
             return handler

@@ -126,6 +126,10 @@ class _Stream:
             waiters = {
                 "changed": asyncio.ensure_future(changed.wait()),
                 "closing": asyncio.ensure_future(self._closing.wait()),
+                # Ends the stream if the caller's token is revoked while it runs.
+                "credentials": asyncio.ensure_future(
+                    auth.until_credentials_lost(self._ref.key.namespace)
+                ),
             }
             try:
                 reader = asyncio.ensure_future(self._context.read())
@@ -137,6 +141,8 @@ class _Stream:
                     )
                     if waiters["closing"] in done:
                         raise ShuttingDown("server is shutting down; resume with the same fence")
+                    if waiters["credentials"] in done:
+                        waiters["credentials"].result()  # raises: the token was revoked
                     if reader in done:
                         message = reader.result()
                         if message is grpc.aio.EOF:

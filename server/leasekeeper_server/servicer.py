@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -12,9 +11,9 @@ import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 
-from . import convert, validate
+from . import auth, convert, validate
 from .effects import BeginDecision, EffectState
-from .errors import EffectConflict, LeaseLost, TaskNotFound
+from .errors import EffectConflict, LeaseLost, ShuttingDown, TaskNotFound
 from .events import LeaseEvents
 from .heartbeat import HeartbeatService
 from .ledger import EffectLedger
@@ -97,32 +96,43 @@ class LeaseServicer:
         the instant the database said the task could be granted (the
         holder's expire_time plus the lock delay); each wake-up is one claim
         decided on the database clock. The monotonic clock only bounds the
-        wait. Server shutdown ends the wait with the last answer.
+        wait.
+
+        Raises:
+            ShuttingDown: the server began to shut down while the claim waited
+                (UNAVAILABLE: wait again on another replica).
+            Unauthenticated: the caller's token was revoked meanwhile.
         """
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + wait.total_seconds()
         closing = asyncio.ensure_future(self._heartbeats.closing.wait())
+        # A token revoked while the claim waits ends the wait (UNAUTHENTICATED).
+        credentials = asyncio.ensure_future(auth.until_credentials_lost(key.namespace))
         try:
             with self._events.watch(key) as changed:  # watching before the first claim
                 outcome = await claim()
-                while not outcome.acquired and not closing.done():
+                while not outcome.acquired:
                     left_s = give_up_at - loop.time()
                     if left_s <= 0:
                         break
                     timer_s = max(outcome.retry_after.total_seconds(), 0.0) + _WAIT_SLACK_S
                     woken = asyncio.ensure_future(changed.wait())
                     await asyncio.wait(
-                        {woken, closing},
+                        {woken, closing, credentials},
                         timeout=min(left_s, timer_s),
                         return_when=asyncio.FIRST_COMPLETED,
                     )
                     woken.cancel()
+                    if credentials.done():
+                        credentials.result()  # raises: the token was revoked
+                    if closing.done():
+                        raise ShuttingDown("server is shutting down; claim again on a replica")
                     changed.clear()
                     outcome = await claim(take_token=False)
         finally:
-            closing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await closing
+            for waiter in (closing, credentials):
+                waiter.cancel()
+            await asyncio.gather(closing, credentials, return_exceptions=True)
         return outcome
 
     @unary

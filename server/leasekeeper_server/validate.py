@@ -160,10 +160,18 @@ def max_runtime(req: pb.ClaimRequest, settings: Settings) -> timedelta:
 
 
 def claim_wait(req: pb.ClaimRequest, settings: Settings) -> timedelta:
-    """How long a claim may wait for its task; zero when unset. Bounds: [0, max_claim_wait_s]."""
+    """How long a claim may wait for its task; zero when unset or zero.
+
+    Bounds: [0, max_claim_wait_s], compared exactly; a wait shorter than a
+    microsecond is no wait.
+    """
     if not req.HasField("wait"):
         return timedelta(0)
-    return bounded_duration("wait", req.wait, 0.0, settings.max_claim_wait_s)
+    value = req.wait
+    exact_ns = value.seconds * _NANOS_PER_SECOND + value.nanos
+    if 0 <= exact_ns < 1000 and value.seconds == 0:  # zero, or below the clock's resolution
+        return timedelta(0)
+    return bounded_duration("wait", value, 0.0, settings.max_claim_wait_s)
 
 
 REVOKE_REASON_MAX_BYTES = 1024

@@ -17,7 +17,6 @@ UNAVAILABLE when the server shuts down: watch again, on any replica.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import datetime
 from typing import Any
 
@@ -128,13 +127,19 @@ class WatchService:
             # Subscribed first, then read: a change after the read is queued.
             shown = await self._snapshot(context, key) if key is not None else None
             closing = asyncio.ensure_future(self._closing.wait())
+            # Ends the stream if the caller's token is revoked while it runs.
+            credentials = asyncio.ensure_future(auth.until_credentials_lost(namespace))
             try:
                 while True:
                     ready = asyncio.ensure_future(sub.ready.wait())
-                    await asyncio.wait({ready, closing}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        {ready, closing, credentials}, return_when=asyncio.FIRST_COMPLETED
+                    )
                     ready.cancel()
                     if closing.done():
                         raise ShuttingDown("server is shutting down; watch again")
+                    if credentials.done():
+                        credentials.result()  # raises UNAUTHENTICATED / PERMISSION_DENIED
                     gap, events = sub.take()
                     if gap:
                         if key is not None:
@@ -150,9 +155,9 @@ class WatchService:
                         if message is not None:
                             await context.write(message)
             finally:
-                closing.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await closing
+                for waiter in (closing, credentials):
+                    waiter.cancel()
+                await asyncio.gather(closing, credentials, return_exceptions=True)
 
     async def _snapshot(self, context: grpc.aio.ServicerContext, key: TaskKey) -> Task | None:
         task = await self._store.get_task(key)

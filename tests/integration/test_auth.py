@@ -646,3 +646,43 @@ async def test_principal_reaches_the_stream_handler(bare: tuple[grpc.aio.Channel
 async def test_authorize_namespace_allows_everything_without_a_principal() -> None:
     assert auth.current_principal() is None
     auth.authorize_namespace("any")
+
+
+async def test_revoking_a_token_ends_its_open_streams_and_waiting_claims(
+    stub: rpc.LeaseServiceStub, db: asyncpg.Connection, namespace: str
+) -> None:
+    record, token = await tokens.create_token(db, "streaming", "worker", [namespace])
+    other = await make_token(db, "worker", namespace)
+    metadata = bearer(token)
+    granted = await stub.Claim(
+        pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="a", ttl=dur(30)),
+        metadata=metadata,
+    )
+    await stub.Claim(
+        pb.ClaimRequest(namespace=namespace, task_id="held", owner_id="z", ttl=dur(30)),
+        metadata=bearer(other),
+    )
+    heartbeat = stub.Heartbeat(metadata=metadata)
+    await heartbeat.write(
+        pb.HeartbeatRequest(
+            namespace=namespace, task_id="t", owner_id="a", fence=granted.lease.fence
+        )
+    )
+    assert (await heartbeat.read()).fence == granted.lease.fence
+    watch = stub.Watch(pb.WatchRequest(namespace=namespace, task_id="t"), metadata=metadata)
+    assert (await watch.read()).type == pb.TASK_EVENT_TYPE_SNAPSHOT
+    waiting = asyncio.ensure_future(
+        stub.Claim(
+            pb.ClaimRequest(namespace=namespace, task_id="held", owner_id="b", wait=dur(20)),
+            metadata=metadata,
+        )
+    )
+
+    assert await tokens.revoke_token(db, record.token_id)
+
+    # Each long call ends UNAUTHENTICATED once the revoke is announced (well
+    # within the 5 s bound here), without another message from the client.
+    for call in (heartbeat.read(), watch.read(), waiting):
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(call, 5.0)
+        assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED

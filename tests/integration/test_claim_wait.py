@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import grpc
+from google.protobuf import duration_pb2
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from tests.conftest import running_server
@@ -72,3 +73,41 @@ async def test_wait_beyond_the_servers_bound_is_refused(database_url, namespace)
             except grpc.aio.AioRpcError as exc:
                 assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert error_info(exc).metadata["field"] == "wait"
+
+
+async def test_a_zero_wait_answers_at_once(stub, namespace):
+    await grant(stub, namespace, "t", "a", ttl_s=30.0)
+    for wait in (duration_pb2.Duration(), duration_pb2.Duration(nanos=1)):
+        reply = await stub.Claim(
+            pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="b", wait=wait)
+        )
+        assert not reply.acquired
+    for bad in (duration_pb2.Duration(seconds=-1), duration_pb2.Duration(nanos=-1)):
+        try:
+            await stub.Claim(
+                pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="b", wait=bad)
+            )
+            raise AssertionError(f"wait {bad} was accepted")
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error_info(exc).metadata["field"] == "wait"
+
+
+async def test_a_wait_cut_short_by_shutdown_is_unavailable(database_url, namespace):
+    from leasekeeper.v1 import lease_service_pb2_grpc as rpc
+
+    async with running_server(database_url) as running:
+        async with grpc.aio.insecure_channel(running.target) as ch:
+            stub = rpc.LeaseServiceStub(ch)
+            await grant(stub, namespace, "t", "a", ttl_s=30.0)
+            waiting = asyncio.ensure_future(waiting_claim(stub, namespace, "t", "b", wait_s=20.0))
+            done, _ = await asyncio.wait({waiting}, timeout=0.3)
+            assert not done
+            await running.server.stop(1.0)
+            try:
+                await asyncio.wait_for(waiting, 5.0)
+                raise AssertionError("the wait outlived the server")
+            except grpc.aio.AioRpcError as exc:
+                # Not "held by another": the client should claim again elsewhere now.
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE
+                assert error_info(exc).reason == "SHUTTING_DOWN"
