@@ -21,50 +21,59 @@ CREATE INDEX leasekeeper_tasks_unswept ON leasekeeper_tasks (namespace, task_id)
 -- row as the change left it and what happened ('event'):
 --   claimed    a new row, or a new fence
 --   released / completed / revoked   the state changed to it
---   expired    the sweeper announced this fence's expiry
+--   expired    the lease's expire_time passed unrenewed: announced by the
+--              sweeper (it marks the fence in expiry_announced_fence), or, for
+--              a lease granted again before the sweeper came by, by that
+--              claim, just before its own 'claimed' (so every expiry is
+--              announced once, whichever comes first)
 -- 'event_time' is the instant of the change on the database clock: the
 -- grant's claim_time, the expire_time for 'expired', else the update_time the
--- release, revoke or completion wrote. A renewal, which changes only expire_time and update_time, is
--- not news to anyone and sends nothing. A payload stays far below
--- PostgreSQL's 8000-byte limit: ids are at most 1024 bytes each (settings.py)
--- and a revoke reason at most 1024.
-CREATE OR REPLACE FUNCTION leasekeeper_notify_lease() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    event text;
-BEGIN
-    IF TG_OP = 'INSERT' OR NEW.fence IS DISTINCT FROM OLD.fence THEN
-        event := 'claimed';
-    ELSIF NEW.state IS DISTINCT FROM OLD.state THEN
-        event := NEW.state;  -- released, completed, revoked
-    ELSIF NEW.owner_id IS DISTINCT FROM OLD.owner_id THEN
-        event := 'claimed';
-    ELSIF NEW.expiry_announced_fence IS DISTINCT FROM OLD.expiry_announced_fence
-          AND NEW.expiry_announced_fence = NEW.fence THEN
-        event := 'expired';
-    ELSE
-        RETURN NULL;
-    END IF;
-    PERFORM pg_notify(
+-- release, revoke or completion wrote. A renewal, which changes only
+-- expire_time and update_time, is not news to anyone and sends nothing. A
+-- payload stays far below PostgreSQL's 8000-byte limit: ids are at most 1024
+-- bytes each (settings.py) and a revoke reason at most 1024.
+CREATE FUNCTION leasekeeper_notify_row(event text, event_time timestamptz,
+                                       r leasekeeper_tasks) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify(
         'leasekeeper_lease',
         json_build_object(
             'event', event,
-            'event_time', CASE event WHEN 'expired' THEN NEW.expire_time
-                                     WHEN 'claimed' THEN NEW.claim_time
-                                     ELSE NEW.update_time END,
-            'namespace', NEW.namespace,
-            'task_id', NEW.task_id,
-            'owner_id', NEW.owner_id,
-            'fence', NEW.fence,
-            'state', NEW.state,
-            'expire_time', NEW.expire_time,
-            'runtime_deadline', NEW.runtime_deadline,
-            'claim_time', NEW.claim_time,
-            'end_reason', NEW.end_reason,
-            'claim_request_id', NEW.claim_request_id,
-            'revoke_reason', NEW.revoke_reason
+            'event_time', event_time,
+            'namespace', r.namespace,
+            'task_id', r.task_id,
+            'owner_id', r.owner_id,
+            'fence', r.fence,
+            'state', r.state,
+            'expire_time', r.expire_time,
+            'runtime_deadline', r.runtime_deadline,
+            'claim_time', r.claim_time,
+            'end_reason', r.end_reason,
+            'claim_request_id', r.claim_request_id,
+            'revoke_reason', r.revoke_reason
         )::text
-    );
+    )
+$$;
+
+CREATE OR REPLACE FUNCTION leasekeeper_notify_lease() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' OR NEW.fence IS DISTINCT FROM OLD.fence THEN
+        -- A claim that took over an expired lease nobody announced yet.
+        IF TG_OP = 'UPDATE' AND OLD.state = 'held' AND OLD.expire_time <= NEW.claim_time
+           AND OLD.expiry_announced_fence IS DISTINCT FROM OLD.fence THEN
+            PERFORM leasekeeper_notify_row('expired', OLD.expire_time, OLD);
+        END IF;
+        PERFORM leasekeeper_notify_row('claimed', NEW.claim_time, NEW);
+    ELSIF NEW.state IS DISTINCT FROM OLD.state THEN
+        -- released, completed, revoked
+        PERFORM leasekeeper_notify_row(NEW.state, NEW.update_time, NEW);
+    ELSIF NEW.owner_id IS DISTINCT FROM OLD.owner_id THEN
+        PERFORM leasekeeper_notify_row('claimed', NEW.claim_time, NEW);
+    ELSIF NEW.expiry_announced_fence IS DISTINCT FROM OLD.expiry_announced_fence
+          AND NEW.expiry_announced_fence = NEW.fence THEN
+        PERFORM leasekeeper_notify_row('expired', NEW.expire_time, NEW);
+    END IF;
     RETURN NULL;
 END;
 $$;

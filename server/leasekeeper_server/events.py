@@ -91,8 +91,10 @@ class LeaseEvents:
         self._ping_interval_s = ping_interval_s
         self._connect_timeout_s = connect_timeout_s
         self._watchers: defaultdict[TaskKey, set[asyncio.Event]] = defaultdict(set)
-        # By (namespace, task_id), with task_id None for a whole namespace.
-        self._subscribers: defaultdict[tuple[str, str | None], set[Subscription]] = defaultdict(set)
+        # By (namespace, task_id): task_id None for a whole namespace, both None for all.
+        self._subscribers: defaultdict[tuple[str | None, str | None], set[Subscription]] = (
+            defaultdict(set)
+        )
         self._config_callbacks: list[Callable[[str], None]] = []
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
@@ -125,8 +127,8 @@ class LeaseEvents:
                     del self._watchers[key]
 
     @contextlib.contextmanager
-    def subscribe(self, namespace: str, task_id: str | None) -> Iterator[Subscription]:
-        """The events of one task, or of every task of a namespace (task_id None)."""
+    def subscribe(self, namespace: str | None, task_id: str | None) -> Iterator[Subscription]:
+        """The events of one task, of every task of a namespace (task_id None), or of all (both)."""
         sub = Subscription()
         topic = (namespace, task_id)
         self._subscribers[topic].add(sub)
@@ -176,7 +178,7 @@ class LeaseEvents:
         for event in self._watchers.get(key, ()):
             event.set()
         if "event" in data:
-            for topic in ((key.namespace, key.task_id), (key.namespace, None)):
+            for topic in ((key.namespace, key.task_id), (key.namespace, None), (None, None)):
                 for sub in self._subscribers.get(topic, ()):
                     sub.push(data)
 

@@ -7,6 +7,13 @@ passes its expire_time. But nobody is told, so one replica at a time
 an ``expired`` event (Watch streams, waiting claims, the audit log, the
 ``leases_expired`` metric).
 
+A lease claimed again before the sweeper came by is announced by that claim
+instead (the trigger sends its ``expired`` just before the ``claimed``), so
+the leader counts and audits expiries from the notifications themselves, not
+from its own sweeps: every expiry once, whoever announced it. (While the
+leader's notification connection is down, counts can be missed; the events
+and the state in the database cannot.)
+
 Election: the replica whose dedicated connection holds the session advisory
 lock ``SWEEPER_LOCK_ID`` sweeps; the others try to take the lock every sweep
 interval. When the leader's connection ends (its process dies, PostgreSQL
@@ -32,6 +39,7 @@ import asyncpg
 
 from .audit import Audit
 from .errors import DatabaseUnavailable
+from .events import LeaseEvents
 from .metrics import Metrics
 from .settings import Settings
 from .store import APPLICATION_NAME, Store, connection_settings, translate_errors
@@ -56,27 +64,64 @@ _ERRORS: tuple[type[BaseException], ...] = (
 class ExpirySweeper:
     """Runs for leadership and, while leader, announces expired leases."""
 
-    def __init__(self, dsn: str, store: Store, metrics: Metrics, settings: Settings) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        store: Store,
+        metrics: Metrics,
+        settings: Settings,
+        events: LeaseEvents,
+    ) -> None:
         self._dsn = dsn
         self._store = store
         self._metrics = metrics
         self._settings = settings
+        self._events = events
         self._task: asyncio.Task[None] | None = None
+        self._counter: asyncio.Task[None] | None = None
         self._audit = Audit()
         self.is_leader = False
         self.announced = 0  # expiries this replica announced
 
     def start(self) -> None:
-        """Starts running for leadership in the background."""
+        """Starts running for leadership, and counting expiries, in the background."""
         self._task = asyncio.create_task(self._run(), name="leasekeeper-sweeper")
+        self._counter = asyncio.create_task(self._count_expiries(), name="leasekeeper-expiries")
 
     async def stop(self) -> None:
         """Stops; the lock goes with the connection."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._counter):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._set_leader(False)
+
+    async def _count_expiries(self) -> None:
+        """While leader: one count and one audit record per announced expiry."""
+        with self._events.subscribe(None, None) as every_event:
+            while True:
+                await every_event.ready.wait()
+                _gap, events = every_event.take()
+                if self.is_leader:
+                    self._record(events)
+
+    def _record(self, events: list[dict[str, object]]) -> None:
+        per_namespace: Counter[str] = Counter()
+        for data in events:
+            if data.get("event") != "expired":
+                continue
+            namespace = str(data["namespace"])
+            per_namespace[namespace] += 1
+            self._audit.expired(
+                namespace,
+                str(data["task_id"]),
+                str(data["owner_id"]),
+                int(str(data["fence"])),
+                str(data["expire_time"]),
+            )
+        for namespace, count in per_namespace.items():
+            self._metrics.expired(namespace, count)
 
     def _set_leader(self, leader: bool) -> None:
         if leader != self.is_leader:
@@ -133,14 +178,6 @@ class ExpirySweeper:
     async def _sweep(self, conn: asyncpg.Connection) -> bool:
         """Announces one batch of expiries; True when the batch was full."""
         rows = await conn.fetch(self._store.sql["sweep_expired"], SWEEP_BATCH)
-        per_namespace: Counter[str] = Counter()
-        for row in rows:
-            per_namespace[row["namespace"]] += 1
-            self._audit.expired(
-                row["namespace"], row["task_id"], row["owner_id"], row["fence"], row["expire_time"]
-            )
-        for namespace, count in per_namespace.items():
-            self._metrics.expired(namespace, count)
         self.announced += len(rows)
         return len(rows) >= SWEEP_BATCH
 

@@ -9,6 +9,7 @@ import grpc
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.conftest import running_server
+from tests.helpers import dur
 from tests.integration.contract_helpers import grant, release
 
 T = pb.TaskEventType
@@ -133,3 +134,31 @@ async def test_watch_ends_unavailable_on_shutdown(database_url, namespace):
                 raise AssertionError("the stream outlived the server")
             except grpc.aio.AioRpcError as exc:
                 assert exc.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_an_expiry_taken_over_by_a_claim_before_the_sweep_is_announced_once(
+    database_url, namespace
+):
+    # The sweeper sweeps once a minute here: a waiting claim takes the task
+    # over first, and the claim announces the old lease's expiry itself.
+    async with running_server(database_url, sweep_interval_s=60.0) as running:
+        async with grpc.aio.insecure_channel(running.target) as ch:
+            stub = rpc.LeaseServiceStub(ch)
+            stream = stub.Watch(pb.WatchRequest(namespace=namespace, task_id="t"))
+            assert (await next_event(stream)).type == T.TASK_EVENT_TYPE_SNAPSHOT
+            first = await grant(stub, namespace, "t", "a", ttl_s=0.3)
+            waited = await stub.Claim(
+                pb.ClaimRequest(
+                    namespace=namespace, task_id="t", owner_id="b", wait=dur(5.0), ttl=dur(30.0)
+                )
+            )
+            assert waited.acquired
+            events = [await next_event(stream) for _ in range(3)]
+            assert [(e.type, e.lease.fence) for e in events] == [
+                (T.TASK_EVENT_TYPE_CLAIMED, first.fence),
+                (T.TASK_EVENT_TYPE_EXPIRED, first.fence),
+                (T.TASK_EVENT_TYPE_CLAIMED, waited.lease.fence),
+            ]
+            assert events[1].lease.owner_id == "a"
+            assert events[1].event_time == first.expire_time
+            stream.cancel()
