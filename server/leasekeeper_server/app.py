@@ -122,7 +122,7 @@ class LeaseServer:
         await self._load_limits()
         self._events.on_config(self._on_config_change)
         self._limits_task = asyncio.create_task(self._refresh_limits(), name="leasekeeper-limits")
-        self.sweeper = ExpirySweeper(self._dsn, store, self.metrics, s)
+        self.sweeper = ExpirySweeper(self._dsn, store, self.metrics, s, self._events)
         self._health = HealthMonitor(store, [SERVICE_NAME], s.health_interval_s)
 
         pool = store.pool  # read-only gauges of the pool's state
@@ -171,6 +171,14 @@ class LeaseServer:
         try:
             if self.certificates is not None:
                 self.port = server.add_secure_port(s.listen, self.certificates.credentials())
+                log.info(
+                    "TLS on %s (certificate %s; client certificates %s)",
+                    s.listen,
+                    s.tls_cert_file,
+                    f"required, signed by {s.tls_client_ca_file}"
+                    if s.tls_client_ca_file
+                    else "not asked for",
+                )
             else:
                 self.port = server.add_insecure_port(s.listen)
         except RuntimeError as exc:

@@ -151,6 +151,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _settings_errors(exc: ValueError) -> str:
+    """'LEASEKEEPER_FIELD: problem' for each error of a pydantic ValidationError."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    return "; ".join(
+        f"LEASEKEEPER_{'_'.join(str(part) for part in e['loc']).upper() or 'SETTINGS'}: "
+        f"{e['msg'].removeprefix('Value error, ')}"
+        for e in errors()
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``leasekeeper`` command."""
     # The embedded PostgreSQL is driven through subprocesses; grpc's fork
@@ -170,7 +182,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         print(f"leasekeeper: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
         return 2
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValueError as exc:  # pydantic's ValidationError: one line per bad setting
+        print(
+            f"leasekeeper: invalid settings (LEASEKEEPER_*): {_settings_errors(exc)}",
+            file=sys.stderr,
+        )
+        return 2
     _configure_logging(settings)
     if args.command == "serve":
         return asyncio.run(_serve(settings))

@@ -207,6 +207,12 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
     except Exception as exc:  # the embedded PostgreSQL did not start: one line, no traceback
         print(f"leasekeeper: no database: {exc}", file=sys.stderr)
         return 1
+    if embedded is not None:  # easy to miss: a shared service's tokens are not here
+        print(
+            f"leasekeeper: LEASEKEEPER_DATABASE_URL is unset: using the embedded PostgreSQL "
+            f"in {settings.data_dir}",
+            file=sys.stderr,
+        )
     try:
         with translate_errors():
             conn = await asyncpg.connect(

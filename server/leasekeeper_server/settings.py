@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -162,6 +162,17 @@ class Settings(BaseSettings):
         description="PEM CA certificates for mutual TLS: set, clients must present a "
         "certificate they sign; reloaded.",
     )
+
+    @field_validator("listen", "health_listen", "metrics_listen")
+    @classmethod
+    def _check_address(cls, value: str | None) -> str | None:
+        """A listen address is host:port with a port in 0..65535 (0: any free port)."""
+        if value is None:
+            return value
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"{value!r} is not host:port with a port in 0..65535")
+        return value
 
     @model_validator(mode="after")
     def _check_bounds(self) -> Settings:

@@ -16,6 +16,9 @@ from leasekeeper_server.settings import Settings
         ({"max_runtime_s": 0.5}, "min_ttl_s <= max_runtime_s"),
         ({"pool_min_size": 5, "pool_max_size": 2}, "pool_min_size <= pool_max_size"),
         ({"max_id_bytes": 4096}, "less than or equal to 1024"),
+        ({"listen": "0.0.0.0:94517"}, "(?s)listen.*port in 0..65535"),
+        ({"metrics_listen": "0.0.0.0:-1"}, "(?s)metrics_listen.*port in 0..65535"),
+        ({"health_listen": "9459"}, "(?s)health_listen.*not host:port"),
     ],
 )
 def test_settings_impossible_combination_refused(overrides, message):
