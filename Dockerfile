@@ -2,7 +2,9 @@
 #   docker build -t leasekeeper .
 #   docker run -p 9457:9457 -e LEASEKEEPER_DATABASE_URL=postgresql://... leasekeeper
 # With no LEASEKEEPER_DATABASE_URL the image starts its embedded PostgreSQL in
-# /data (mount a volume there to keep it).
+# /data (mount a volume there to keep it). It listens on 0.0.0.0, so tokens are
+# required (LEASEKEEPER_AUTH=auto): create them with `leasekeeper tokens create`
+# or mount a LEASEKEEPER_TOKENS_FILE (README: Operations).
 
 FROM python:3.11-slim AS build
 WORKDIR /src
@@ -23,14 +25,16 @@ RUN groupadd --system --gid 10001 leasekeeper \
 COPY --from=build /opt/leasekeeper /opt/leasekeeper
 ENV PATH=/opt/leasekeeper/bin:$PATH \
     LEASEKEEPER_LISTEN=0.0.0.0:9457 \
+    LEASEKEEPER_HEALTH_LISTEN=127.0.0.1:9459 \
     LEASEKEEPER_DATA_DIR=/data/pgdata \
     PYTHONUNBUFFERED=1
 USER leasekeeper
 WORKDIR /data
 EXPOSE 9457
-# Healthy only while the gRPC health service says SERVING (it follows the database).
+# Healthy only while the gRPC health service says SERVING (it follows the
+# database); asked on the plaintext health-only port, so TLS on 9457 changes nothing.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-  CMD ["python", "-m", "leasekeeper_server.healthcheck", "127.0.0.1:9457"]
+  CMD ["python", "-m", "leasekeeper_server.healthcheck", "127.0.0.1:9459"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["leasekeeper"]
 CMD ["serve"]

@@ -385,12 +385,14 @@ class Metrics:
                 namespace left out has no series. Its ``limit_rejections_total``
                 series are created at 0.
         """
-        self._limits.replace(
-            {ns: (max_leases, rate, delay_s) for ns, (max_leases, rate, delay_s) in limits.items()}
-        )
+        # The counters first: a scrape (another thread) that sees a namespace's
+        # limits then also sees its rejection series.
         for namespace in limits:
             for reason in LIMIT_REASONS:
                 self.limit_rejections.labels(namespace, reason)
+        self._limits.replace(
+            {ns: (max_leases, rate, delay_s) for ns, (max_leases, rate, delay_s) in limits.items()}
+        )
 
     def watch_pool(self, size: Callable[[], int], idle: Callable[[], int], max_size: int) -> None:
         """Reads the database pool's state at each scrape.
