@@ -160,6 +160,17 @@ async def until_credentials_lost(namespace: str) -> None:
             )
 
 
+def guard_credentials(namespace: str) -> asyncio.Future[Any]:
+    """A future that fails when the call's token stops being valid (see until_credentials_lost).
+
+    With authentication off it is a bare future that never completes: no task
+    per stream or waiting claim.
+    """
+    if _CREDENTIALS.get() is None:
+        return asyncio.get_running_loop().create_future()
+    return asyncio.ensure_future(until_credentials_lost(namespace))
+
+
 def current_principal() -> Principal | None:
     """The caller of the RPC being handled; None when authentication is off."""
     return _PRINCIPAL.get()

@@ -127,9 +127,7 @@ class _Stream:
                 "changed": asyncio.ensure_future(changed.wait()),
                 "closing": asyncio.ensure_future(self._closing.wait()),
                 # Ends the stream if the caller's token is revoked while it runs.
-                "credentials": asyncio.ensure_future(
-                    auth.until_credentials_lost(self._ref.key.namespace)
-                ),
+                "credentials": auth.guard_credentials(self._ref.key.namespace),
             }
             try:
                 reader = asyncio.ensure_future(self._context.read())

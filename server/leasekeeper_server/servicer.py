@@ -107,7 +107,7 @@ class LeaseServicer:
         give_up_at = loop.time() + wait.total_seconds()
         closing = asyncio.ensure_future(self._heartbeats.closing.wait())
         # A token revoked while the claim waits ends the wait (UNAUTHENTICATED).
-        credentials = asyncio.ensure_future(auth.until_credentials_lost(key.namespace))
+        credentials = auth.guard_credentials(key.namespace)
         try:
             with self._events.watch(key) as changed:  # watching before the first claim
                 outcome = await claim()

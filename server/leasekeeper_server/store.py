@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -84,8 +84,8 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
         await conn.execute("ROLLBACK")
 
 
-def task_from_row(row: asyncpg.Record) -> Task:
-    """A task row (with ``db_now``) as a Task."""
+def task_from_row(row: Mapping[str, Any]) -> Task:
+    """A task row (with ``db_now``) as a Task: an asyncpg record, or a dict of the same keys."""
     return Task(
         namespace=row["namespace"],
         task_id=row["task_id"],

@@ -30,7 +30,7 @@ from .events import LeaseEvents
 from .model import Task, TaskKey
 from .rpc import abort_with, check_parsed
 from .settings import Settings
-from .store import Store
+from .store import Store, task_from_row
 
 _EVENT_TYPE = {
     "claimed": pb.TASK_EVENT_TYPE_CLAIMED,
@@ -42,25 +42,16 @@ _EVENT_TYPE = {
 
 
 def task_of_event(data: dict[str, Any]) -> Task:
-    """The task as a notification payload describes it, judged at the event's instant."""
+    """The task as a notification payload describes it, judged at the event's instant.
 
-    def instant(name: str) -> datetime:
-        return datetime.fromisoformat(data[name])
-
-    return Task(
-        namespace=data["namespace"],
-        task_id=data["task_id"],
-        owner_id=data["owner_id"],
-        fence=int(data["fence"]),
-        row_state=data["state"],
-        expire_time=instant("expire_time"),
-        runtime_deadline=instant("runtime_deadline"),
-        claim_time=instant("claim_time"),
-        end_reason=data.get("end_reason"),
-        claim_request_id=data.get("claim_request_id"),
-        db_now=instant("event_time"),
-        revoke_reason=data.get("revoke_reason"),
-    )
+    The payload is the row (migrations/0005_operations.sql) with its instants as
+    JSON text; the event's instant stands in for the database clock.
+    """
+    row = dict(data)
+    for name in ("expire_time", "runtime_deadline", "claim_time"):
+        row[name] = datetime.fromisoformat(data[name])
+    row["db_now"] = datetime.fromisoformat(data["event_time"])
+    return task_from_row(row)
 
 
 def event_message(data: dict[str, Any]) -> pb.TaskEvent | None:
@@ -128,7 +119,7 @@ class WatchService:
             shown = await self._snapshot(context, key) if key is not None else None
             closing = asyncio.ensure_future(self._closing.wait())
             # Ends the stream if the caller's token is revoked while it runs.
-            credentials = asyncio.ensure_future(auth.until_credentials_lost(namespace))
+            credentials = auth.guard_credentials(namespace)
             try:
                 while True:
                     ready = asyncio.ensure_future(sub.ready.wait())
