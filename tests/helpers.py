@@ -1,8 +1,12 @@
-"""Small helpers for tests: building requests and reading rich errors."""
+"""Small helpers for tests: building requests, reading rich errors, polling real state."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
@@ -41,3 +45,25 @@ def bad_request_fields(error: grpc.aio.AioRpcError) -> list[str]:
             detail.Unpack(br)
             return [v.field for v in br.field_violations]
     return []
+
+
+STEP_S = 15.0  # the longest one step may take on a loaded machine
+
+
+async def poll(
+    probe: Callable[[], Awaitable[Any]],
+    what: str,
+    within_s: float = STEP_S,
+    interval_s: float = 0.02,
+) -> Any:
+    """Awaits ``probe()`` every ``interval_s`` until it returns something truthy; returns it.
+
+    The way tests wait: on real state (a row, a scrape, a log line), bounded,
+    never a fixed sleep followed by an assertion.
+    """
+    deadline = time.monotonic() + within_s
+    while True:
+        if result := await probe():
+            return result
+        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
+        await asyncio.sleep(interval_s)

@@ -17,9 +17,8 @@ import re
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -146,24 +145,6 @@ class ServerProcess:
                 return
             await asyncio.sleep(0.05)
         raise AssertionError(f"server not SERVING after {timeout_s} s:\n{self.logs()}")
-
-
-STEP_S = 15.0  # the longest any one step of a scenario may take on a loaded machine
-
-
-async def poll(
-    probe: Callable[[], Awaitable[Any]],
-    what: str,
-    within_s: float = STEP_S,
-    interval_s: float = 0.02,
-) -> Any:
-    """Awaits ``probe()`` every ``interval_s`` until it returns something truthy; returns it."""
-    deadline = time.monotonic() + within_s
-    while True:
-        if result := await probe():
-            return result
-        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
-        await asyncio.sleep(interval_s)
 
 
 async def health_status(target: str, timeout_s: float, service: str = "") -> int | None:

@@ -44,9 +44,9 @@ import pytest
 from leasekeeper import LeaseClient, LeaseInfo
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-from tests.fault.processes import STEP_S, ServerProcess, poll, server_env, server_process
+from tests.fault.processes import ServerProcess, server_env, server_process
 from tests.fault.proxy import tcp_proxy
-from tests.helpers import dur
+from tests.helpers import STEP_S, dur, poll
 
 # The process scenes of tests/process start the example scripts, which import
 # each other by module name (as tests/process/conftest.py arranges there).

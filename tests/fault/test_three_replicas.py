@@ -64,7 +64,8 @@ import pytest
 from leasekeeper import ClaimTimeout, HeldLease, LeaseClient
 from tests.fault.history.checker import check
 from tests.fault.history.worker import micros
-from tests.fault.processes import STEP_S, ServerProcess, poll, server_env, spawn_server
+from tests.fault.processes import ServerProcess, server_env, spawn_server
+from tests.helpers import STEP_S, poll
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 

@@ -17,7 +17,7 @@ from google.protobuf import duration_pb2
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-from tests.helpers import dur, error_info
+from tests.helpers import dur, error_info, poll
 
 Stub = rpc.LeaseServiceStub
 
@@ -286,3 +286,13 @@ async def revoke_in_database(db: asyncpg.Connection, namespace: str, task_id: st
         task_id,
     )
     assert status == "UPDATE 1"
+
+
+async def limits_loaded(server: Any, namespace: str) -> None:
+    """Polls until the running server has loaded limits for ``namespace`` (notified)."""
+
+    async def loaded() -> bool:
+        limits = server.server.limits.get(namespace)
+        return bool(limits.needs_lock or limits.lock_delay)
+
+    await poll(loaded, f"limits of {namespace} loaded by the server")

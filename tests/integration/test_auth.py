@@ -10,8 +10,7 @@ import asyncio
 import logging
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,14 +28,13 @@ from leasekeeper_server.app import LeaseServer
 from leasekeeper_server.errors import PermissionDenied
 from leasekeeper_server.rpc import abort_with
 from tests.conftest import RunningServer, make_settings, running_server
-from tests.helpers import dur, error_info
+from tests.helpers import dur, error_info, poll
 from tests.integration.contract_helpers import failure, snapshot
 
 pytestmark = pytest.mark.timeout(60)
 
 Metadata = tuple[tuple[str, str], ...] | None
 SERVICE = pb.DESCRIPTOR.services_by_name["LeaseService"]
-POLL_S = 5.0
 
 
 def bearer(token: str) -> Metadata:
@@ -98,13 +96,6 @@ async def refused(call: Awaitable[Any], code: grpc.StatusCode) -> grpc.aio.AioRp
     assert error.code() == code, (error.code(), error.details())
     assert error_info(error).reason == code.name
     return error
-
-
-async def poll(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + POLL_S
-    while not await check():
-        assert time.monotonic() < deadline, f"not within {POLL_S} s: {what}"
-        await asyncio.sleep(0.05)
 
 
 async def is_refused(stub: rpc.LeaseServiceStub, namespace: str, token: str) -> bool:

@@ -8,6 +8,7 @@ import pytest
 
 from leasekeeper import AccessDenied, LeaseClient, LimitExceeded
 from tests.conftest import running_server
+from tests.integration.contract_helpers import limits_loaded
 
 
 async def test_claim_waits_revoke_and_watch_through_the_client(server, namespace):
@@ -53,10 +54,7 @@ async def test_limits_and_access_errors_are_typed(database_url, db, namespace):
             "INSERT INTO leasekeeper_namespace_limits (namespace, max_leases) VALUES ($1, 1)",
             namespace,
         )
-        for _ in range(250):
-            if server.server.limits.get(namespace).max_leases == 1:
-                break
-            await asyncio.sleep(0.02)
+        await limits_loaded(server, namespace)
         async with LeaseClient(server.target, namespace=namespace) as client:
             assert (await client.claim("a", ttl=10.0)).acquired
             with pytest.raises(LimitExceeded) as limited:

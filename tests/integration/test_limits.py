@@ -10,7 +10,14 @@ import grpc
 from leasekeeper import errors
 from leasekeeper.v1 import lease_service_pb2 as pb
 from tests.helpers import dur, error_info
-from tests.integration.contract_helpers import LEASE_ROWS, claim, failure, grant, release
+from tests.integration.contract_helpers import (
+    LEASE_ROWS,
+    claim,
+    failure,
+    grant,
+    limits_loaded,
+    release,
+)
 
 
 def retry_delay_s(exc: grpc.aio.AioRpcError) -> float:
@@ -28,14 +35,7 @@ async def set_limits(server, db, namespace, **values) -> None:
         namespace,
         *values.values(),
     )
-    for _ in range(250):
-        if (
-            server.server.limits.get(namespace).needs_lock
-            or server.server.limits.get(namespace).lock_delay
-        ):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the server never loaded the new limits")
+    await limits_loaded(server, namespace)
 
 
 async def test_max_leases_refuses_one_more_and_changes_nothing(server, stub, db, namespace):

@@ -8,7 +8,6 @@ JSON with time, level, logger and message.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -22,6 +21,7 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from leasekeeper_server.logs import json_formatter
 from tests.fault.processes import server_env, server_process
+from tests.helpers import poll
 from tests.integration.contract_helpers import grant
 
 
@@ -59,13 +59,13 @@ def audit_records(path: Path) -> list[dict[str, Any]]:
 
 async def until_audited(path: Path, count: int) -> list[dict[str, Any]]:
     """The audit file's records once it has at least ``count`` (at most 10 s)."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    async def enough() -> list[dict[str, Any]] | None:
         records = audit_records(path)
-        if len(records) >= count:
-            return records
-        assert time.monotonic() < deadline, f"audit log has {records}, expected {count} records"
-        await asyncio.sleep(0.05)
+        return records if len(records) >= count else None
+
+    result: list[dict[str, Any]] = await poll(enough, f"{count} audit records", within_s=10)
+    return result
 
 
 @pytest.mark.process

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -24,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.conftest import running_server
-from tests.helpers import error_info
+from tests.helpers import error_info, poll
 from tests.integration.contract_helpers import claim, grant
 
 DASHBOARD = Path(__file__).parents[2] / "deploy/grafana/leasekeeper-dashboard.json"
@@ -57,13 +56,13 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 async def until_scraped(port: int, name: str, expected: float, **labels: str) -> Samples:
     """Scrapes until the sample has the expected value (at most 10 s)."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    async def scraped() -> Samples | None:
         samples = await scrape(port)
-        if samples.get((name, frozenset(labels.items()))) == expected:
-            return samples
-        assert time.monotonic() < deadline, f"{name}{labels} never became {expected}"
-        await asyncio.sleep(0.05)
+        return samples if samples.get((name, frozenset(labels.items()))) == expected else None
+
+    result: Samples = await poll(scraped, f"{name}{labels} == {expected}", within_s=10)
+    return result
 
 
 async def test_metrics_endpoint_counts_real_effect_calls_and_stops_with_server(

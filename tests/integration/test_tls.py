@@ -6,9 +6,7 @@ files under a running server and checks what new connections see.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -30,6 +28,7 @@ from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from leasekeeper_server import tokens
 from leasekeeper_server.app import LeaseServer
 from tests.conftest import RunningServer, make_settings, running_server
+from tests.helpers import poll
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -179,10 +178,10 @@ def trusting(
 
 
 async def poll_until_ok(target: str, credentials: grpc.ChannelCredentials) -> None:
-    deadline = time.monotonic() + POLL_S
-    while await health_over(target, credentials) is not grpc.StatusCode.OK:
-        assert time.monotonic() < deadline, "the new certificate was not served in time"
-        await asyncio.sleep(0.05)
+    async def served() -> bool:
+        return await health_over(target, credentials) is grpc.StatusCode.OK
+
+    await poll(served, "the new certificate served", within_s=POLL_S)
 
 
 async def test_tls_client_trusting_the_ca_connects(

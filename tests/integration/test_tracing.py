@@ -6,9 +6,7 @@ exporter; real calls over a loopback channel produce them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -21,6 +19,7 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from leasekeeper_server.app import LeaseServer
 from tests.conftest import make_settings
+from tests.helpers import poll
 from tests.integration.contract_helpers import grant
 
 SERVICE = "leasekeeper.v1.LeaseService"
@@ -47,15 +46,19 @@ async def rpc_span(
     exporter: InMemorySpanExporter, method: str, task_id: str
 ) -> tuple[ReadableSpan, Sequence[ReadableSpan]]:
     """The span of the call to ``method`` for ``task_id`` (at most 10 s), and all spans."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    async def finished() -> tuple[ReadableSpan, Sequence[ReadableSpan]] | None:
         spans = exporter.get_finished_spans()
         for span in spans:
             attrs = span.attributes or {}
             if span.name == f"{SERVICE}/{method}" and attrs.get("leasekeeper.task_id") == task_id:
                 return span, spans
-        assert time.monotonic() < deadline, f"no {method} span for {task_id}"
-        await asyncio.sleep(0.02)
+        return None
+
+    found: tuple[ReadableSpan, Sequence[ReadableSpan]] = await poll(
+        finished, f"a {method} span for {task_id}", within_s=10
+    )
+    return found
 
 
 def children(parent: ReadableSpan, spans: Sequence[ReadableSpan]) -> list[ReadableSpan]:

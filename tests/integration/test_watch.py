@@ -9,7 +9,7 @@ import grpc
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.conftest import running_server
-from tests.helpers import dur
+from tests.helpers import dur, poll
 from tests.integration.contract_helpers import grant, release
 
 T = pb.TaskEventType
@@ -62,15 +62,11 @@ async def test_an_expiry_is_announced_once_by_the_elected_sweeper(database_url, 
     ):
         sweepers = (one.server.sweeper, two.server.sweeper)
 
-        async def leaders() -> list[bool]:
-            for _ in range(100):
-                flags = [s.is_leader for s in sweepers]
-                if any(flags):
-                    return flags
-                await asyncio.sleep(0.05)
-            raise AssertionError("no sweeper was elected")
+        async def leaders() -> list[bool] | None:
+            flags = [s.is_leader for s in sweepers]
+            return flags if any(flags) else None
 
-        assert sorted(await leaders()) == [False, True]
+        assert sorted(await poll(leaders, "a sweeper elected")) == [False, True]
         async with (
             grpc.aio.insecure_channel(one.target) as ch1,
             grpc.aio.insecure_channel(two.target) as ch2,
@@ -101,11 +97,11 @@ async def test_an_expiry_is_announced_once_by_the_elected_sweeper(database_url, 
         # The leader goes away: the other replica takes over.
         leader, other = (one, two) if one.server.sweeper.is_leader else (two, one)
         await leader.server.stop(0)
-        for _ in range(100):
-            if other.server.sweeper.is_leader:
-                break
-            await asyncio.sleep(0.05)
-        assert other.server.sweeper.is_leader
+
+        async def took_over() -> bool:
+            return other.server.sweeper.is_leader
+
+        await poll(took_over, "the other replica elected")
 
 
 async def test_a_namespace_watch_sees_every_tasks_events(stub, namespace):
