@@ -28,7 +28,7 @@ from tests.conftest import RunningServer, running_server
 from tests.fault.dburl import database_address, proxied
 from tests.fault.processes import QUICK_OUTAGE_SETTINGS
 from tests.fault.proxy import TcpProxy, tcp_proxy
-from tests.helpers import dur, error_info
+from tests.helpers import dur, error_info, poll
 
 pytestmark = [pytest.mark.timeout(45)]
 
@@ -69,14 +69,12 @@ class Harness:
 
     async def wait_health(self, wanted: int, within_s: float) -> None:
         """Polls health (overall and the lease service's) until both say ``wanted``."""
-        start = time.monotonic()
-        for service in ("", SERVICE):
-            while (status := await self.health_status(service)) != wanted:
-                assert time.monotonic() - start < within_s, (
-                    f"health of {service!r} still "
-                    + health_pb2.HealthCheckResponse.ServingStatus.Name(status)
-                )
-                await asyncio.sleep(0.05)
+
+        async def both() -> bool:
+            return all([await self.health_status(s) == wanted for s in ("", SERVICE)])
+
+        name = health_pb2.HealthCheckResponse.ServingStatus.Name(wanted)
+        await poll(both, f"health {name}", within_s=within_s, interval_s=0.05)
 
 
 @pytest.fixture

@@ -56,7 +56,7 @@ from tests.fault.processes import (
     server_env,
     server_process,
 )
-from tests.helpers import dur, error_info
+from tests.helpers import dur, error_info, poll
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.process]
 
@@ -238,9 +238,11 @@ async def play_round(
 async def wait_health(target: str, wanted: int, within_s: float) -> float:
     """Polls health until it says ``wanted``; returns the seconds it took."""
     start = time.monotonic()
-    while await health_status(target, 1.0) != wanted:
-        assert time.monotonic() - start < within_s, f"health not {wanted} after {within_s} s"
-        await asyncio.sleep(0.02)
+
+    async def says() -> bool:
+        return await health_status(target, 1.0) == wanted
+
+    await poll(says, f"health {wanted}", within_s=within_s)
     return time.monotonic() - start
 
 

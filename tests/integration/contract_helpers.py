@@ -6,8 +6,6 @@ through the client library.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
@@ -113,13 +111,13 @@ async def wait_for_state(
     stub: Stub, namespace: str, task_id: str, state: int, timeout_s: float = 5.0
 ) -> pb.Lease:
     """Polls GetLease until the task is in ``state`` (database clock); returns the lease."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    async def in_state() -> pb.Lease | None:
         lease = await get_lease(stub, namespace, task_id)
-        if lease.state == state:
-            return lease
-        assert time.monotonic() < deadline, f"still {pb.TaskState.Name(lease.state)}"
-        await asyncio.sleep(0.02)
+        return lease if lease.state == state else None
+
+    found: pb.Lease = await poll(in_state, f"{task_id} {pb.TaskState.Name(state)}", timeout_s)
+    return found
 
 
 async def lock_waiters(monitor: asyncpg.Connection) -> int:
@@ -137,11 +135,11 @@ async def lock_waiters(monitor: asyncpg.Connection) -> int:
 
 async def wait_for_lock_waiters(monitor: asyncpg.Connection, count: int) -> None:
     """Polls until at least ``count`` of the service's statements wait for a lock (5 s at most)."""
-    for _ in range(250):
-        if await lock_waiters(monitor) >= count:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"never saw {count} statements waiting on a lock")
+
+    async def waiting() -> bool:
+        return await lock_waiters(monitor) >= count
+
+    await poll(waiting, f"{count} statements waiting on a lock", within_s=5.0)
 
 
 async def wait_past_expiry(db: asyncpg.Connection, namespace: str, task_id: str) -> None:
@@ -150,16 +148,18 @@ async def wait_past_expiry(db: asyncpg.Connection, namespace: str, task_id: str)
     Reads the row without locking it, so ``db`` may be the connection holding
     the row's lock.
     """
-    for _ in range(250):
-        if await db.fetchval(
-            "SELECT expire_time <= clock_timestamp() FROM leasekeeper_tasks"
-            " WHERE namespace = $1 AND task_id = $2",
-            namespace,
-            task_id,
-        ):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the lease never expired on the database clock")
+
+    async def expired() -> bool:
+        return bool(
+            await db.fetchval(
+                "SELECT expire_time <= clock_timestamp() FROM leasekeeper_tasks"
+                " WHERE namespace = $1 AND task_id = $2",
+                namespace,
+                task_id,
+            )
+        )
+
+    await poll(expired, "the lease expired on the database clock", within_s=5.0)
 
 
 async def backdate(db: asyncpg.Connection, namespace: str, task_id: str) -> None:
