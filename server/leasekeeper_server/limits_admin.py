@@ -15,15 +15,13 @@ nothing set is removed.
 from __future__ import annotations
 
 import math
-import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
-from importlib import resources
 
 import asyncpg
 
-from .queries import parse
+from . import queries, validate
+from .errors import InvalidArgument
 
 MAX_NAMESPACE_BYTES = 1024  # settings.max_id_bytes is at most this
 MAX_LEASES_CAP = 2**31 - 1  # the column is a PostgreSQL integer
@@ -67,10 +65,8 @@ class LimitsRow:
     update_time: datetime
 
 
-@cache
 def _sql() -> dict[str, str]:
-    text = resources.files(__package__).joinpath("sql/limits_admin.sql").read_text("utf-8")
-    return parse(text)
+    return queries.load("limits_admin.sql")
 
 
 def _row(record: asyncpg.Record) -> LimitsRow:
@@ -85,12 +81,11 @@ def _row(record: asyncpg.Record) -> LimitsRow:
 
 
 def _check_namespace(namespace: str) -> None:
-    if not namespace:
-        raise LimitsError("namespace", "must not be empty")
-    if len(namespace.encode("utf-8", "surrogatepass")) > MAX_NAMESPACE_BYTES:
-        raise LimitsError("namespace", f"must be at most {MAX_NAMESPACE_BYTES} bytes of UTF-8")
-    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in namespace):
-        raise LimitsError("namespace", "must not contain control characters")
+    """The rules of every id (validate.identifier), up to the largest id a server allows."""
+    try:
+        validate.identifier("namespace", namespace, MAX_NAMESPACE_BYTES)
+    except InvalidArgument as exc:
+        raise LimitsError("namespace", exc.description) from exc
 
 
 def _check_number(field: str, value: float, low: float, high: float, low_open: bool) -> None:

@@ -1,4 +1,4 @@
-"""Loads the named SQL blocks of ``sql/queries.sql`` once."""
+"""Loads the named SQL blocks of ``sql/*.sql`` files, each once."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def parse(text: str) -> dict[str, str]:
 
 
 @cache
-def load() -> dict[str, str]:
-    """The service's statements by name."""
-    text = resources.files(__package__).joinpath("sql/queries.sql").read_text("utf-8")
+def load(file: str = "queries.sql") -> dict[str, str]:
+    """The statements of ``sql/<file>`` by name (default: the service's own)."""
+    text = resources.files(__package__).joinpath(f"sql/{file}").read_text("utf-8")
     return parse(text)

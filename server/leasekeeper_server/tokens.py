@@ -42,13 +42,16 @@ from pathlib import Path
 
 import asyncpg
 
+from . import validate
+from .errors import InvalidArgument
+
 ROLES = ("worker", "effect", "admin")
 PREFIX = "lk"
 TOKEN_ID_LENGTH = 10
 _TOKEN_ID_ALPHABET = string.ascii_letters + string.digits
 _TOKEN = re.compile(r"^lk_([A-Za-z0-9]{8,12})_([A-Za-z0-9_-]{43,})$")
 MAX_NAME_CHARS = 200
-MAX_NAMESPACE_PATTERN_CHARS = 1024
+MAX_NAMESPACE_PATTERN_BYTES = 1024  # the largest id a server allows (settings.max_id_bytes)
 
 _COLUMNS = "token_id, name, role, namespaces, create_time, expire_time, revoke_time"
 
@@ -143,7 +146,8 @@ def check_namespaces(namespaces: Sequence[str]) -> tuple[str, ...]:
     """Returns the patterns as a tuple; ValueError naming the field when one is malformed.
 
     A pattern is an exact namespace, ``*``, or a prefix ending in ``*``; no
-    other ``*``, no control characters, 1 to 1024 characters; at least one.
+    other ``*``; otherwise the rules of every id (validate.identifier: 1 to
+    1024 bytes of UTF-8, no control characters); at least one.
     """
     if isinstance(namespaces, str):
         raise ValueError("namespaces: must be a list of patterns, not one string")
@@ -151,14 +155,14 @@ def check_namespaces(namespaces: Sequence[str]) -> tuple[str, ...]:
     if not patterns:
         raise ValueError("namespaces: at least one namespace pattern is needed ('*' for all)")
     for pattern in patterns:
-        if not isinstance(pattern, str) or not pattern:
-            raise ValueError(f"namespaces: {pattern!r} is not a non-empty string")
-        if len(pattern) > MAX_NAMESPACE_PATTERN_CHARS:
-            raise ValueError(f"namespaces: pattern longer than {MAX_NAMESPACE_PATTERN_CHARS}")
+        if not isinstance(pattern, str):
+            raise ValueError(f"namespaces: {pattern!r} is not a string")
+        try:
+            validate.identifier("namespaces", pattern, MAX_NAMESPACE_PATTERN_BYTES)
+        except InvalidArgument as exc:
+            raise ValueError(f"namespaces: {pattern!r} {exc.description}") from exc
         if "*" in pattern[:-1]:
             raise ValueError(f"namespaces: {pattern!r} may have '*' only at its end")
-        if any(ch < " " or ch == "\x7f" for ch in pattern):
-            raise ValueError(f"namespaces: {pattern!r} contains a control character")
     return patterns
 
 
