@@ -81,7 +81,6 @@ class ExpirySweeper:
         self._counter: asyncio.Task[None] | None = None
         self._audit = Audit()
         self.is_leader = False
-        self.announced = 0  # expiries this replica announced
 
     def start(self) -> None:
         """Starts running for leadership, and counting expiries, in the background."""
@@ -178,7 +177,6 @@ class ExpirySweeper:
     async def _sweep(self, conn: asyncpg.Connection) -> bool:
         """Announces one batch of expiries; True when the batch was full."""
         rows = await conn.fetch(self._store.sql["sweep_expired"], SWEEP_BATCH)
-        self.announced += len(rows)
         return len(rows) >= SWEEP_BATCH
 
     async def _count_held(self, conn: asyncpg.Connection) -> None:

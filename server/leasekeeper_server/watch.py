@@ -86,7 +86,6 @@ class WatchService:
         self._events = events
         self._settings = settings
         self._closing = asyncio.Event()
-        self.open_streams = 0
 
     def close(self) -> None:
         """Ends every open stream with UNAVAILABLE (server shutdown)."""
@@ -94,15 +93,12 @@ class WatchService:
 
     async def serve(self, request: Any, context: grpc.aio.ServicerContext) -> None:
         """Runs one Watch stream to its end; every ending is a status on ``context``."""
-        self.open_streams += 1
         try:
             await self._run(request, context)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # every failure leaves as a status
             await abort_with(context, exc)
-        finally:
-            self.open_streams -= 1
 
     async def _run(self, request: Any, context: grpc.aio.ServicerContext) -> None:
         check_parsed(request)
