@@ -296,3 +296,21 @@ async def limits_loaded(server: Any, namespace: str) -> None:
         return bool(limits.needs_lock or limits.lock_delay)
 
     await poll(loaded, f"limits of {namespace} loaded by the server")
+
+
+async def heartbeat_on(
+    stub: Stub, lease: pb.Lease, metadata: Any = None
+) -> tuple[Any, pb.HeartbeatResponse]:
+    """Opens a Heartbeat stream for a granted lease; returns the call and its first reply."""
+    call = stub.Heartbeat(metadata=metadata)
+    await call.write(
+        pb.HeartbeatRequest(
+            namespace=lease.namespace,
+            task_id=lease.task_id,
+            owner_id=lease.owner_id,
+            fence=lease.fence,
+        )
+    )
+    reply = await call.read()
+    assert reply is not grpc.aio.EOF and reply.fence == lease.fence
+    return call, reply

@@ -29,7 +29,7 @@ from leasekeeper_server.errors import PermissionDenied
 from leasekeeper_server.rpc import abort_with
 from tests.conftest import RunningServer, make_settings, running_server
 from tests.helpers import dur, error_info, poll
-from tests.integration.contract_helpers import failure, snapshot
+from tests.integration.contract_helpers import failure, heartbeat_on, snapshot
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -653,13 +653,7 @@ async def test_revoking_a_token_ends_its_open_streams_and_waiting_claims(
         pb.ClaimRequest(namespace=namespace, task_id="held", owner_id="z", ttl=dur(30)),
         metadata=bearer(other),
     )
-    heartbeat = stub.Heartbeat(metadata=metadata)
-    await heartbeat.write(
-        pb.HeartbeatRequest(
-            namespace=namespace, task_id="t", owner_id="a", fence=granted.lease.fence
-        )
-    )
-    assert (await heartbeat.read()).fence == granted.lease.fence
+    heartbeat, _ = await heartbeat_on(stub, granted.lease, metadata)
     watch = stub.Watch(pb.WatchRequest(namespace=namespace, task_id="t"), metadata=metadata)
     assert (await watch.read()).type == pb.TASK_EVENT_TYPE_SNAPSHOT
     waiting = asyncio.ensure_future(

@@ -22,7 +22,7 @@ from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from leasekeeper_server.logs import json_formatter
 from tests.fault.processes import server_env, server_process
 from tests.helpers import poll
-from tests.integration.contract_helpers import grant
+from tests.integration.contract_helpers import grant, heartbeat_on
 
 
 def test_json_formatter_writes_the_task_fields_given_in_extra() -> None:
@@ -78,13 +78,7 @@ async def test_serve_writes_json_logs_and_audits_grants_losses_and_revokes(
         async with grpc.aio.insecure_channel(server.target) as channel:
             stub = rpc.LeaseServiceStub(channel)
             first = await grant(stub, namespace, "t", "owner-a", ttl_s=30.0)
-            heartbeat = stub.Heartbeat()
-            await heartbeat.write(
-                pb.HeartbeatRequest(
-                    namespace=namespace, task_id="t", owner_id="owner-a", fence=first.fence
-                )
-            )
-            await heartbeat.read()
+            heartbeat, _ = await heartbeat_on(stub, first)
             revoked = await stub.Revoke(
                 pb.RevokeRequest(namespace=namespace, task_id="t", reason="stuck worker")
             )

@@ -24,7 +24,7 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.conftest import running_server
 from tests.helpers import error_info, poll
-from tests.integration.contract_helpers import claim, grant
+from tests.integration.contract_helpers import claim, grant, heartbeat_on
 
 DASHBOARD = Path(__file__).parents[2] / "deploy/grafana/leasekeeper-dashboard.json"
 
@@ -175,13 +175,8 @@ async def test_heartbeat_stream_gauge_renewals_and_loss_by_revoke(
             stub = rpc.LeaseServiceStub(channel)
             # A stream the client half-closes: open while it runs, ends OK.
             lease = await grant(stub, namespace, "calm", "owner-a", ttl_s=30.0)
-            calm = stub.Heartbeat()
-            await calm.write(
-                pb.HeartbeatRequest(
-                    namespace=namespace, task_id="calm", owner_id="owner-a", fence=lease.fence
-                )
-            )
-            assert (await calm.read()).renewed
+            calm, reply = await heartbeat_on(stub, lease)
+            assert reply.renewed
             s = await scrape(port)
             assert value(s, "leasekeeper_heartbeat_streams_open") == 1
             assert value(s, "leasekeeper_renewals_total", path="heartbeat", result="ok") == 1
@@ -191,13 +186,7 @@ async def test_heartbeat_stream_gauge_renewals_and_loss_by_revoke(
 
             # A stream whose lease an operator revokes: it ends ABORTED LEASE_REVOKED.
             lease = await grant(stub, namespace, "doomed", "owner-a", ttl_s=30.0)
-            doomed = stub.Heartbeat()
-            await doomed.write(
-                pb.HeartbeatRequest(
-                    namespace=namespace, task_id="doomed", owner_id="owner-a", fence=lease.fence
-                )
-            )
-            await doomed.read()
+            doomed, _ = await heartbeat_on(stub, lease)
             revoked = await stub.Revoke(
                 pb.RevokeRequest(namespace=namespace, task_id="doomed", reason="test")
             )

@@ -8,12 +8,13 @@ import time
 import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
-from tests.helpers import dur, error_info
+from tests.helpers import error_info
 from tests.integration.contract_helpers import (
     LEASE_ROWS,
     expect_error,
     get_lease,
     grant,
+    heartbeat_on,
     release,
     validate,
 )
@@ -27,14 +28,7 @@ def revoke(stub, namespace, task_id, reason="operator says stop", fence=0):
 
 async def test_revoke_stops_the_fence_and_ends_the_live_stream_within_a_second(stub, namespace):
     lease = await grant(stub, namespace, "t", "a", ttl_s=30.0)
-    call = stub.Heartbeat()
-    await call.write(
-        pb.HeartbeatRequest(
-            namespace=namespace, task_id="t", owner_id="a", fence=lease.fence, ttl=dur(30.0)
-        )
-    )
-    first = await call.read()
-    assert first.fence == lease.fence
+    call, _ = await heartbeat_on(stub, lease)
 
     sent = time.monotonic()
     reply = await revoke(stub, namespace, "t", reason="runaway agent")

@@ -20,7 +20,7 @@ from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from leasekeeper_server.app import LeaseServer
 from tests.conftest import make_settings
 from tests.helpers import poll
-from tests.integration.contract_helpers import grant
+from tests.integration.contract_helpers import grant, heartbeat_on
 
 SERVICE = "leasekeeper.v1.LeaseService"
 
@@ -140,13 +140,7 @@ async def test_heartbeat_span_names_the_lease_from_its_first_message(
 ) -> None:
     async with traced_server(database_url) as (stub, exporter):
         lease = await grant(stub, namespace, "t", "owner-a")
-        call = stub.Heartbeat()
-        await call.write(
-            pb.HeartbeatRequest(
-                namespace=namespace, task_id="t", owner_id="owner-a", fence=lease.fence
-            )
-        )
-        beat = await call.read()
+        call, beat = await heartbeat_on(stub, lease)
         await call.done_writing()
         assert await call.code() == grpc.StatusCode.OK
         span, spans = await rpc_span(exporter, "Heartbeat", "t")
