@@ -40,8 +40,6 @@ from .watch import WatchService
 log = logging.getLogger(__name__)
 
 SERVER_OPTIONS = (
-    # Two servers on one port would split clients silently; fail instead.
-    ("grpc.so_reuseport", 0),
     # Let clients probe idle connections, so a dead peer is found in seconds.
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
@@ -49,6 +47,15 @@ SERVER_OPTIONS = (
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
 )
+
+
+def server_options(settings: Settings) -> tuple[tuple[str, int], ...]:
+    """SERVER_OPTIONS plus ``grpc.so_reuseport``: 1 in one of several workers, else 0.
+
+    Two unrelated servers on one port would split clients silently, so a lone
+    server fails on a taken port; ``serve --workers N`` shares it on purpose.
+    """
+    return (("grpc.so_reuseport", 1 if settings.workers > 1 else 0), *SERVER_OPTIONS)
 
 
 def resolve_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
@@ -114,7 +121,7 @@ class LeaseServer:
         token_file = TokenFile(s.tokens_file) if auth_enabled(s) and s.tokens_file else None
         log_startup(s, tls=tls_files is not None)
         await migrate(self._dsn)
-        self._store = store = await Store.open(self._dsn, s)
+        self._store = store = await Store.open(self._dsn, s, self.metrics.db_statements.inc)
         self._events = LeaseEvents(self._dsn, s.health_interval_s, s.connect_timeout_s)
         await self._events.start()
         self.heartbeats = HeartbeatService(store, self._events, s, self.metrics)
@@ -142,7 +149,7 @@ class LeaseServer:
             )
             self._events.on_config(self.authenticator.on_config_change)
             interceptors.append(AuthInterceptor(self.authenticator))
-        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
+        server = grpc.aio.server(options=server_options(s), interceptors=interceptors)
         server.add_generic_rpc_handlers(
             (
                 method_handlers(

@@ -22,11 +22,36 @@ else absent. ``expire_time`` is RFC 3339 text on the database clock.
 
 from __future__ import annotations
 
+import json
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 AUDIT_LOGGER = "leasekeeper.audit"
+
+# The record attribute that carries an audit record's fields.
+_FIELDS = "audit_fields"
+
+
+class AuditFormatter(logging.Formatter):
+    """One JSON object per audit record: level, logger, message, the record's fields, time.
+
+    The same object the service's JSON log formatter writes for a record
+    with these fields as extras, built with one ``json.dumps``: a record is
+    written for every grant, so the general formatter's per-record
+    introspection of the record's attributes is a cost worth not paying.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON (``time``: RFC 3339, UTC, microseconds)."""
+        line: dict[str, Any] = {
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line.update(getattr(record, _FIELDS, {}))
+        line["time"] = datetime.fromtimestamp(record.created, UTC).isoformat()
+        return json.dumps(line, ensure_ascii=False, default=str)
 
 
 class Audit:
@@ -47,7 +72,7 @@ class Audit:
     def _write(self, event: str, message: str, fields: dict[str, Any]) -> None:
         fields = {k: v for k, v in fields.items() if v is not None}
         fields["event"] = event
-        self._log.info(message, extra=fields)
+        self._log.info(message, extra={_FIELDS: fields})
 
     def grant(
         self,

@@ -2,7 +2,7 @@
 
 ::
 
-    leasekeeper serve                 start the service (embedded PostgreSQL if no URL is set)
+    leasekeeper serve [--workers N]   start the service (embedded PostgreSQL if no URL is set)
     leasekeeper migrate               apply the schema migrations and exit
     leasekeeper leases list [-n NS] [--state STATE | --expired] [--owner OWNER] [--limit N]
     leasekeeper leases get TASK_ID [-n NS]
@@ -30,8 +30,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .app import LeaseServer
@@ -133,6 +133,13 @@ async def _migrate(settings: Settings) -> None:
             embedded.stop()
 
 
+def _worker_count(text: str) -> int:
+    """``--workers``'s value: an integer, at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of workers (>= 1)")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line grammar."""
     from . import cli_admin, cli_remote
@@ -143,7 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Listings print aligned tables; add --json for JSON (one object per line).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("serve", help="start the service")
+    serve = commands.add_parser("serve", help="start the service")
+    serve.add_argument(
+        "--workers",
+        type=_worker_count,
+        metavar="N",
+        help="server processes sharing the listen port (SO_REUSEPORT) and the database, "
+        "supervised by this one (default: $LEASEKEEPER_WORKERS, else 1: serve in this process)",
+    )
     commands.add_parser("migrate", help="apply schema migrations and exit")
     # Options after the verb, as the README shows: `leases list -n NS --target ADDR`.
     cli_remote.add_commands(commands)
@@ -161,6 +175,18 @@ def _settings_errors(exc: ValueError) -> str:
         f"{e['msg'].removeprefix('Value error, ')}"
         for e in errors()
     )
+
+
+def run_service(main: Coroutine[Any, Any, int]) -> int:
+    """Runs a server process's main coroutine on uvloop's event loop.
+
+    uvloop (libuv) runs the loop's callbacks and the database driver's
+    socket I/O in C; gRPC polls on its own. Every server process (``serve``,
+    each ``serve --workers`` worker) runs on it.
+    """
+    import uvloop  # the server extra's: the thin client does not need it
+
+    return uvloop.run(main)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -192,7 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _configure_logging(settings)
     if args.command == "serve":
-        return asyncio.run(_serve(settings))
+        if args.workers is not None:
+            settings = settings.model_copy(update={"workers": args.workers})
+        if settings.workers > 1:
+            from .workers import supervise
+
+            return asyncio.run(supervise(settings))
+        return run_service(_serve(settings))
     elif args.command == "migrate":
         asyncio.run(_migrate(settings))
     elif args.command in cli_admin.COMMANDS:

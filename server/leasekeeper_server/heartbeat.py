@@ -32,7 +32,7 @@ import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 
-from . import auth, validate
+from . import auth, convert, validate
 from .errors import InvalidArgument, LeaseLost, ShuttingDown
 from .events import LeaseEvents
 from .metrics import Metrics
@@ -205,10 +205,14 @@ class _Stream:
             remaining = max(
                 timedelta(0), remaining - timedelta(seconds=time.monotonic() - self._seen_at)
             )
-        response = pb.HeartbeatResponse(fence=task.fence, renewed=renewed)
-        response.expire_time.FromDatetime(task.expire_time)
-        response.remaining_ttl.FromTimedelta(remaining)
-        await self._context.write(response)
+        await self._context.write(
+            pb.HeartbeatResponse(
+                fence=task.fence,
+                renewed=renewed,
+                expire_time=convert.timestamp(task.expire_time),
+                remaining_ttl=convert.duration(remaining),
+            )
+        )
 
     async def _check(self) -> None:
         """One read on the database clock: ends the stream if the lease is lost."""

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pythonjsonlogger.json import JsonFormatter
 
-from .audit import AUDIT_LOGGER
+from .audit import AUDIT_LOGGER, AuditFormatter
 
 LogFormat = Literal["text", "json"]
 
@@ -79,7 +79,7 @@ def configure(
         if audit_log is not None
         else logging.StreamHandler(sys.stderr)
     )
-    audit_handler.setFormatter(json_formatter())
+    audit_handler.setFormatter(AuditFormatter())
     audit.addHandler(audit_handler)
     audit.setLevel(logging.INFO)
     audit.propagate = False

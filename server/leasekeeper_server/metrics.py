@@ -59,6 +59,10 @@ limit_rejections_total              namespace, reason          RESOURCE_EXHAUSTE
                                                                LEASE_LIMIT, CLAIM_RATE_LIMIT
 db_pool_connections (gauge)         state                      ``idle`` / ``in_use``
 db_pool_max (gauge)                                            the pool's maximum size
+db_statements_total                                            statements the pool's connections
+                                                               sent to the database (each
+                                                               BEGIN and COMMIT counts): the
+                                                               database cost per call
 ==================================  =========================  ===============================
 
 Label cardinality: ``namespace`` labels only values that passed validation
@@ -288,6 +292,11 @@ class Metrics:
         self._pool_in_use = pool.labels("in_use")
         self._pool_max = Gauge(
             PREFIX + "db_pool_max", "The database pool's maximum size.", registry=r
+        )
+        self.db_statements = Counter(
+            PREFIX + "db_statements",
+            "Statements sent to the database by the pool's connections (BEGIN, COMMIT count).",
+            registry=r,
         )
 
         # Every series whose labels are known exists from the start, at 0.

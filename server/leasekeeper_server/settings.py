@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     lock_timeout_s: float = Field(
         default=3.0, gt=0, description="PostgreSQL lock_timeout on every connection."
     )
+    batch_lock_timeout_s: float = Field(
+        default=0.05,
+        gt=0,
+        description="How long a batched statement (claims, renewals arriving together) may "
+        "wait for a row lock before its calls run one by one with lock_timeout_s.",
+    )
     connect_timeout_s: float = Field(
         default=3.0,
         gt=0,
@@ -123,6 +129,16 @@ class Settings(BaseSettings):
         description=(
             "How long `serve` keeps trying to reach the database at start (a database "
             "restarting, a failover settling) before it exits with status 1."
+        ),
+    )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Server processes `serve` runs on the listen port (shared through SO_REUSEPORT) "
+            "and one database, supervised by the `serve` process; worker k serves metrics on "
+            "metrics_listen's port + k. 1: the `serve` process serves alone, and a taken "
+            "port is an error. `serve --workers N` overrides it."
         ),
     )
     log_level: str = Field(default="INFO", description="Python logging level.")

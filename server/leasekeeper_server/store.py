@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 import asyncpg
 
 from . import queries
+from .batch import Coalescer
 from .errors import (
     ClaimRateLimit,
     DatabaseUnavailable,
@@ -34,6 +35,11 @@ from .settings import Settings
 from .validate import LeaseRef
 
 APPLICATION_NAME = "leasekeeper"
+
+# The answer to a claim left out of a batch that already claimed its task.
+NOT_SENT: Any = object()
+# The answer to each item of a batch that met a row lock: run it on its own.
+RUN_ALONE: Any = object()
 
 # Errors that mean "the database is out of reach or refused to work now";
 # the call may be retried. Anything else is a bug and surfaces as INTERNAL.
@@ -84,6 +90,20 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
         await conn.execute("ROLLBACK")
 
 
+def _counting(
+    on_statement: Callable[[], object],
+) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    """A pool ``init`` hook that reports each statement a new connection sends."""
+
+    def logged(_query: object) -> None:
+        on_statement()
+
+    async def init(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(logged)
+
+    return init
+
+
 def task_from_row(row: Mapping[str, Any]) -> Task:
     """A task row (with ``db_now``) as a Task: an asyncpg record, or a dict of the same keys."""
     return Task(
@@ -105,43 +125,84 @@ def task_from_row(row: Mapping[str, Any]) -> Task:
 class Store:
     """Lease operations on PostgreSQL, one statement per decision."""
 
-    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, settings: Settings, batch_pool: asyncpg.Pool | None = None
+    ) -> None:
         self._pool = pool
+        self._batch_pool = batch_pool if batch_pool is not None else pool
         self._settings = settings
         self._sql = queries.load()
+        # Calls arriving together share one statement (batch.py). A claim of a
+        # task already in the batch is answered NOT_SENT once the first has run
+        # (see claim()): contention for one task costs one statement per batch.
+        self._claims: Coalescer[tuple[Any, ...], Any] = Coalescer(
+            self._claim_batch, key=_task_of, duplicate=lambda _: NOT_SENT
+        )
+        self._renewals: Coalescer[tuple[Any, ...], Any] = Coalescer(self._renew_batch, key=_task_of)
+        self._reads: Coalescer[TaskKey, asyncpg.Record | None] = Coalescer(self._read_batch)
 
     @classmethod
-    async def open(cls, dsn: str, settings: Settings) -> Store:
+    async def open(
+        cls, dsn: str, settings: Settings, on_statement: Callable[[], object] | None = None
+    ) -> Store:
         """Opens a connection pool.
+
+        Args:
+            dsn: The PostgreSQL URL.
+            settings: The service's settings (pool sizes, timeouts).
+            on_statement: Called once for every statement a pooled connection
+                sends (the driver's query logger), e.g. a metric's ``inc``.
 
         Raises:
             DatabaseUnavailable: the database cannot be reached.
         """
+        options: dict[str, Any] = {
+            "timeout": settings.connect_timeout_s,
+            # The driver's own timer: a black-holed connection would never
+            # reach the server's statement_timeout.
+            "command_timeout": settings.statement_timeout_s + 1.0,
+            "reset": _reset_connection,
+            "init": _counting(on_statement) if on_statement is not None else None,
+        }
         with translate_errors():
             pool = await asyncpg.create_pool(
                 dsn,
                 min_size=settings.pool_min_size,
                 max_size=settings.pool_max_size,
-                timeout=settings.connect_timeout_s,
-                # The driver's own timer: a black-holed connection would never
-                # reach the server's statement_timeout.
-                command_timeout=settings.statement_timeout_s + 1.0,
                 server_settings=connection_settings(settings),
-                reset=_reset_connection,
+                **options,
             )
-        return cls(pool, settings)
+            # Batches (at most one in flight per kind) never wait long for a
+            # row lock: one locked row must not hold up every other renewal.
+            # A batch that meets one runs its items on their own (RUN_ALONE).
+            batch_settings = connection_settings(settings)
+            batch_settings["lock_timeout"] = str(max(1, int(settings.batch_lock_timeout_s * 1000)))
+            try:
+                batch_pool = await asyncpg.create_pool(
+                    dsn, min_size=1, max_size=3, server_settings=batch_settings, **options
+                )
+            except BaseException:
+                pool.terminate()
+                raise
+        return cls(pool, settings, batch_pool)
 
     async def close(self) -> None:
-        """Closes the pool, waiting for connections in use (bounded by the statement timeout)."""
-        try:
-            await asyncio.wait_for(self._pool.close(), self._settings.statement_timeout_s + 1.0)
-        except _UNAVAILABLE:  # includes TimeoutError
-            self._pool.terminate()
+        """Closes the pools, waiting for connections in use (bounded by the statement timeout)."""
+        for coalescer in (self._claims, self._renewals, self._reads):
+            await coalescer.close()
+        for pool in {self._pool, self._batch_pool}:
+            try:
+                await asyncio.wait_for(pool.close(), self._settings.statement_timeout_s + 1.0)
+            except _UNAVAILABLE:  # includes TimeoutError
+                pool.terminate()
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+    async def _connection(
+        self, pool: asyncpg.Pool | None = None
+    ) -> AsyncIterator[asyncpg.Connection]:
+        pool = self._pool if pool is None else pool
         with translate_errors():
-            async with self._pool.acquire(timeout=self._settings.connect_timeout_s) as conn:
+            async with pool.acquire(timeout=self._settings.connect_timeout_s) as conn:
                 try:
                     yield conn
                 except (TimeoutError, asyncpg.exceptions.InternalClientError):
@@ -189,9 +250,44 @@ class Store:
         await self._fetchrow("ping")
 
     async def get_task(self, key: TaskKey) -> Task | None:
-        """The task's current row with the database clock, or None if never claimed."""
-        row = await self._fetchrow("get_task", key.namespace, key.task_id)
+        """The task's current row with the database clock, or None if never claimed.
+
+        Reads arriving together share one statement (``get_tasks``).
+        """
+        row = await self._reads.submit(key)
         return task_from_row(row) if row is not None else None
+
+    async def _read_batch(self, keys: Sequence[TaskKey]) -> list[asyncpg.Record | None]:
+        rows = await self.fetch("get_tasks", [k.namespace for k in keys], [k.task_id for k in keys])
+        found = {(r["namespace"], r["task_id"]): r for r in rows}
+        return [found.get((k.namespace, k.task_id)) for k in keys]
+
+    async def _claim_batch(self, claims: Sequence[tuple[Any, ...]]) -> list[asyncpg.Record | None]:
+        return await self._batch("claim_many", claims)
+
+    async def _renew_batch(
+        self, renewals: Sequence[tuple[Any, ...]]
+    ) -> list[asyncpg.Record | None]:
+        return await self._batch("renew_many", renewals)
+
+    async def _batch(
+        self, name: str, items: Sequence[tuple[Any, ...]]
+    ) -> list[asyncpg.Record | None]:
+        """Runs statement ``name`` over argument tuples of distinct tasks (one array per position).
+
+        Returns the row of each item's task, or None where the statement returned none;
+        RUN_ALONE for every item when the statement waited too long for a row lock.
+        """
+        columns = [list(column) for column in zip(*items, strict=True)]
+        try:
+            async with self._connection(self._batch_pool) as conn:
+                rows = await conn.fetch(self._sql[name], *columns)
+        except DatabaseUnavailable as exc:
+            if isinstance(exc.__cause__, asyncpg.exceptions.LockNotAvailableError):
+                return [RUN_ALONE] * len(items)
+            raise
+        found = {(r["namespace"], r["task_id"]): r for r in rows}
+        return [found.get(_task_of(item)) for item in items]
 
     async def claim(
         self,
@@ -237,16 +333,26 @@ class Store:
         """
         args = (key.namespace, key.task_id, owner_id, ttl, max_runtime, request_id)
         delay = limits.lock_delay
+        # Claims in namespaces without a lease or rate limit arriving together
+        # share one statement (claim_many); limited ones run in a transaction each.
         # A read after a failed claim can find the task freed in between; the
         # claim is then simply tried again (bounded: each retry follows a
-        # commit by some other call).
-        for _ in range(8):
+        # commit by some other call). A claim that was not sent because its
+        # task was already in the batch (NOT_SENT) is decided by the read that
+        # follows that batch, as if it had come after it: held by another
+        # owner, it is refused; otherwise it is sent with the next batch.
+        tries = 0
+        while tries < 8:
             if limits.needs_lock:
                 row = await self._limited_claim(key, args, delay, take_token)
                 take_token = False  # one token per Claim call, however often it is tried
             else:
-                row = await self._fetchrow("claim", *args, delay)
-            if row is not None:
+                row = await self._claims.submit((*args, delay))
+                if row is RUN_ALONE:  # the batch met a row lock: wait for it alone
+                    row = await self._fetchrow("claim", *args, delay)
+            sent = row is not NOT_SENT
+            tries += sent
+            if row is not None and sent:
                 return ClaimOutcome(True, task_from_row(row))
             task = await self.get_task(key)
             if task is None:
@@ -257,6 +363,8 @@ class Store:
             if state is TaskState.HELD:
                 if task.is_claim_of(owner_id, request_id):
                     return ClaimOutcome(True, task)
+                if not sent and task.owner_id == owner_id:
+                    continue  # another incarnation of this owner: this claim supersedes it
                 return ClaimOutcome(False, task, task.remaining_ttl + delay)
             if state is TaskState.EXPIRED and task.expire_time + delay > task.db_now:
                 return ClaimOutcome(False, task, task.expire_time + delay - task.db_now)
@@ -314,15 +422,17 @@ class Store:
     async def renew(self, ref: LeaseRef, ttl: timedelta) -> Task:
         """Extends a live lease to least(db clock + ttl, runtime deadline).
 
-        Atomic; never revives an expired lease.
+        Atomic; never revives an expired lease. Renewals arriving together
+        (heartbeat beats, Renew calls) share one statement (``renew_many``).
 
         Raises:
             LeaseLost: (ABORTED) with the reason the lease is not live.
             DatabaseUnavailable: UNAVAILABLE.
         """
-        row = await self._fetchrow(
-            "renew", ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, ttl
-        )
+        args = (ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, ttl)
+        row = await self._renewals.submit(args)
+        if row is RUN_ALONE:  # the batch met a row lock: wait for it alone
+            row = await self._fetchrow("renew", *args)
         if row is not None:
             return task_from_row(row)
         raise await self._loss(ref)
@@ -363,12 +473,33 @@ class Store:
         limit: int,
         state: TaskState | None,
         owner_id: str | None = None,
-    ) -> list[Task]:
-        """Up to ``limit`` tasks of a namespace after ``after_task_id``, by task_id."""
+        scan_budget: int = 1000,
+    ) -> tuple[list[Task], str | None]:
+        """Up to ``limit`` matching tasks of a namespace after ``after_task_id``, by task_id.
+
+        One call reads at most ``max(scan_budget, limit)`` tasks of the
+        namespace, however rare the filter's matches (its cost never follows
+        the namespace's size).
+
+        Returns:
+            The matching tasks read, and the task_id of the last task read
+            when the read stopped at its budget with fewer than ``limit``
+            matches (the next page starts after it), else None.
+        """
+        budget = max(scan_budget, limit)
         rows = await self.fetch(
-            "list_tasks", namespace, after_task_id, limit, state.value if state else None, owner_id
+            "list_tasks",
+            namespace,
+            after_task_id,
+            limit,
+            state.value if state else None,
+            owner_id,
+            budget,
         )
-        return [task_from_row(r) for r in rows]
+        tasks = [task_from_row(r) for r in rows if r["matches"]]
+        if len(tasks) < limit and rows and rows[-1]["scanned"] >= budget:
+            return tasks, rows[-1]["task_id"]
+        return tasks, None
 
     async def revoke(self, key: TaskKey, reason: str, fence: int) -> tuple[bool, Task]:
         """Ends the task's lease now (an operator's call); the task becomes FREE.
@@ -411,6 +542,11 @@ class Store:
             )
             for r in rows
         }
+
+
+def _task_of(args: tuple[Any, ...]) -> tuple[str, str]:
+    """(namespace, task_id): the first two arguments of a claim or a renewal."""
+    return args[0], args[1]
 
 
 def _lost(task: Task | None, reason: LossReason) -> LeaseLost:

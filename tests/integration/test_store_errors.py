@@ -24,17 +24,18 @@ async def test_internal_client_error_is_unavailable_and_connection_dropped(
     store = await Store.open(database_url, make_settings(database_url))
     try:
         broken: list[asyncpg.Connection] = []
-        real_fetchrow = asyncpg.connection.Connection.fetchrow
+        # get_task reads through the batched get_tasks statement (Connection.fetch).
+        real_fetch = asyncpg.connection.Connection.fetch
 
-        async def fetchrow_once_broken(self: asyncpg.Connection, *args: object, **kw: object):
+        async def fetch_once_broken(self: asyncpg.Connection, *args: object, **kw: object):
             if not broken:
                 broken.append(self)
                 raise asyncpg.exceptions.InternalClientError(
                     "cannot switch to state 12; another operation (2) is in progress"
                 )
-            return await real_fetchrow(self, *args, **kw)
+            return await real_fetch(self, *args, **kw)
 
-        monkeypatch.setattr(asyncpg.connection.Connection, "fetchrow", fetchrow_once_broken)
+        monkeypatch.setattr(asyncpg.connection.Connection, "fetch", fetch_once_broken)
         key = TaskKey(namespace, "t")
         with pytest.raises(DatabaseUnavailable, match="InternalClientError"):
             await store.get_task(key)

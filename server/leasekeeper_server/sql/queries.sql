@@ -53,7 +53,91 @@ RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
           t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
           clock_timestamp() AS db_now;
 
+-- name: claim_many
+-- The claim statement above for a batch of claims of distinct tasks
+-- (batch.py): $1..$7 are arrays, one element per claim, of what the single
+-- claim takes as $1..$7. Each claim is decided as the single statement decides
+-- it: the new row's instants come from one reading of the clock per row, and
+-- ON CONFLICT locks each existing row before its WHERE and SET read the clock.
+-- Rows are taken in (namespace, task_id) order, so two batches (of two
+-- servers) lock rows in one order and never deadlock. Returns one row per
+-- granted claim; a claim without a row was refused (store.py reads the task to
+-- say why).
+WITH p AS MATERIALIZED (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::interval[], $5::interval[],
+                         $6::text[], $7::interval[])
+        AS p(namespace, task_id, owner_id, ttl, max_runtime, request_id, lock_delay)
+)
+INSERT INTO leasekeeper_tasks AS t
+    (namespace, task_id, owner_id, fence, state,
+     expire_time, runtime_deadline, claim_time, update_time, end_reason, claim_request_id)
+SELECT p.namespace, p.task_id, p.owner_id, leasekeeper_fence_floor(), 'held',
+       c.now + least(p.ttl, p.max_runtime), c.now + p.max_runtime,
+       c.now, c.now, NULL, p.request_id
+FROM p, (SELECT clock_timestamp() AS now) c
+ORDER BY p.namespace, p.task_id
+ON CONFLICT (namespace, task_id) DO UPDATE
+SET (owner_id, fence, state, expire_time, runtime_deadline, claim_time, update_time,
+     end_reason, claim_request_id, revoke_reason) =
+    (SELECT EXCLUDED.owner_id, greatest(t.fence + 1, leasekeeper_fence_floor()), 'held',
+            c.now + least(p.ttl, p.max_runtime), c.now + p.max_runtime,
+            c.now, c.now, NULL, EXCLUDED.claim_request_id, NULL
+     FROM p, (SELECT clock_timestamp() AS now) c
+     WHERE p.namespace = EXCLUDED.namespace AND p.task_id = EXCLUDED.task_id)
+WHERE t.state IN ('released', 'revoked')
+   OR (t.state = 'held'
+       AND t.expire_time + (SELECT p.lock_delay FROM p
+                            WHERE p.namespace = EXCLUDED.namespace
+                              AND p.task_id = EXCLUDED.task_id) <= clock_timestamp())
+   OR (t.state = 'held' AND t.owner_id = EXCLUDED.owner_id
+       AND EXCLUDED.claim_request_id IS NOT NULL
+       AND t.claim_request_id IS DISTINCT FROM EXCLUDED.claim_request_id)
+RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
+          t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
+          clock_timestamp() AS db_now;
+
+-- name: renew_many
+-- The renewal of a batch of leases of distinct tasks (batch.py): $1..$5 are
+-- arrays, one element per renewal, of namespace, task_id, owner_id, fence and
+-- ttl. Heartbeat streams and Renew calls arriving together become this one
+-- statement. Like the single renewal it was written as, an upsert that never
+-- inserts (see the top of this file): ON CONFLICT locks each row before its
+-- WHERE and SET read the clock, so no renewal revives a lease that expired
+-- while the statement waited for the row. (A plain UPDATE ... FROM unnest
+-- would judge a row it had to wait for with the clock read before the wait.)
+-- Rows are taken in (namespace, task_id) order (no deadlock between batches).
+-- Returns one row per renewed lease; a renewal without a row found no live
+-- lease of its owner and fence.
+WITH p AS MATERIALIZED (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::interval[])
+        AS p(namespace, task_id, owner_id, fence, ttl)
+)
+INSERT INTO leasekeeper_tasks AS t
+    (namespace, task_id, owner_id, fence, state,
+     expire_time, runtime_deadline, claim_time, update_time, end_reason)
+SELECT p.namespace, p.task_id, p.owner_id, p.fence, 'held',
+       clock_timestamp(), clock_timestamp(), clock_timestamp(), clock_timestamp(), NULL
+FROM p
+WHERE EXISTS (SELECT 1 FROM leasekeeper_tasks x
+              WHERE x.namespace = p.namespace AND x.task_id = p.task_id)
+ORDER BY p.namespace, p.task_id
+ON CONFLICT (namespace, task_id) DO UPDATE
+SET expire_time = least(clock_timestamp() + (SELECT p.ttl FROM p
+                                             WHERE p.namespace = EXCLUDED.namespace
+                                               AND p.task_id = EXCLUDED.task_id),
+                        t.runtime_deadline),
+    update_time = clock_timestamp()
+WHERE t.owner_id = EXCLUDED.owner_id AND t.fence = EXCLUDED.fence
+  AND t.state = 'held'
+  AND t.expire_time > clock_timestamp()
+  AND t.runtime_deadline > clock_timestamp()
+RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
+          t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
+          clock_timestamp() AS db_now;
+
 -- name: renew
+-- The single-lease form of renew_many (the service sends renew_many; the
+-- benchmark's raw-driver reference runs this one).
 -- Extends a live lease of this owner and fence; never revives an expired one
 -- and never reaches past the runtime budget. $5 ttl.
 -- Written as an upsert that never inserts (see the top of this file): the row
@@ -95,41 +179,61 @@ RETURNING namespace, task_id, owner_id, fence, state, expire_time,
           clock_timestamp() AS db_now;
 
 -- name: get_task
--- The task's row and the database clock, to classify an outcome.
+-- The task's row and the database clock: the single-task form of get_tasks
+-- (the service sends get_tasks; the benchmark's raw-driver reference runs this one).
 SELECT namespace, task_id, owner_id, fence, state, expire_time,
        runtime_deadline, claim_time, end_reason, claim_request_id, revoke_reason,
        clock_timestamp() AS db_now
 FROM leasekeeper_tasks
 WHERE namespace = $1::text AND task_id = $2::text;
 
--- name: list_tasks
--- One page of a namespace's tasks after task_id $2 (keyset), optionally only
--- those in derived state $4 ('FREE', 'HELD', 'EXPIRED', 'COMPLETED') and of
--- owner $5 (NULL: any owner).
-SELECT namespace, task_id, owner_id, fence, state, expire_time,
-       runtime_deadline, claim_time, end_reason, claim_request_id, revoke_reason, db_now
-FROM (
-    SELECT *, clock_timestamp() AS db_now
-    FROM leasekeeper_tasks
-    WHERE namespace = $1::text AND task_id > $2::text
-) t
-WHERE ($5::text IS NULL OR owner_id = $5::text)
-  AND ($4::text IS NULL
-   OR $4::text = CASE
-        WHEN state = 'completed' THEN 'COMPLETED'
-        WHEN state <> 'held' THEN 'FREE'
-        WHEN expire_time > db_now THEN 'HELD'
-        ELSE 'EXPIRED'
-      END)
-ORDER BY task_id
-LIMIT $3::int;
+-- name: get_tasks
+-- The rows of a batch of tasks ($1 namespaces, $2 task_ids: arrays, one
+-- element per read; a task may be named twice), each with the database clock
+-- read with it: many reads (ValidateFence, GetLease, a refused claim's
+-- classification, a heartbeat's check) arriving together become this one
+-- statement. A task never claimed has no row.
+SELECT t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
+       t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id, t.revoke_reason,
+       clock_timestamp() AS db_now
+FROM (SELECT DISTINCT * FROM unnest($1::text[], $2::text[]) AS k(namespace, task_id)) k
+JOIN leasekeeper_tasks t ON t.namespace = k.namespace AND t.task_id = k.task_id;
 
--- The effect ledger. Each RPC is one short transaction that starts with
--- lock_lease, so the fence check and the ledger write commit together while
--- no claim can change the task (see migrations/0002_effects.sql). Waiting
--- for an effect's row lock can outlast the lease, so every later statement
--- also returns lease_live, read on the clock after its own lock or write:
--- the transaction's answer is judged by its last statement, not its first.
+-- name: list_tasks
+-- One page of a namespace's tasks after task_id $2 (keyset): of the next $6
+-- tasks by task_id (the scan's budget), those in derived state $4 ('FREE',
+-- 'HELD', 'EXPIRED', 'COMPLETED'; NULL: any) and of owner $5 (NULL: any), at
+-- most $3. A call reads at most $6 rows however rare its filter's matches
+-- are, so its cost never follows the namespace's size. Rows come with
+-- `matches` (false only for the last row read, returned so the next page can
+-- start after it) and `scanned` (rows read): a page with fewer than $3
+-- matches while scanned = $6 is short, not last; its next page starts after
+-- the last row read. The clock is read once, in a joined one-row subquery:
+-- as a column of a subquery over the table (before) it kept the subquery from
+-- being flattened, and ORDER BY ... LIMIT then sorted the whole namespace
+-- (a full table scan at 10^5 rows and above).
+SELECT s.namespace, s.task_id, s.owner_id, s.fence, s.state, s.expire_time,
+       s.runtime_deadline, s.claim_time, s.end_reason, s.claim_request_id, s.revoke_reason,
+       s.db_now, s.matches, s.scanned
+FROM (
+    SELECT t.*, c.db_now,
+           ($5::text IS NULL OR t.owner_id = $5::text)
+           AND ($4::text IS NULL OR $4::text = CASE
+                WHEN t.state = 'completed' THEN 'COMPLETED'
+                WHEN t.state <> 'held' THEN 'FREE'
+                WHEN t.expire_time > c.db_now THEN 'HELD'
+                ELSE 'EXPIRED' END) AS matches,
+           count(*) OVER () AS scanned,
+           row_number() OVER (ORDER BY t.task_id) AS n
+    FROM (SELECT clock_timestamp() AS db_now) c,
+         LATERAL (SELECT * FROM leasekeeper_tasks
+                  WHERE namespace = $1::text AND task_id > $2::text
+                  ORDER BY task_id
+                  LIMIT $6::int) t
+) s
+WHERE s.matches OR s.n = s.scanned
+ORDER BY s.task_id
+LIMIT $3::int;
 
 -- name: lock_lease
 -- Takes a share lock on the task's row, then reads the row and the clock.
@@ -237,14 +341,18 @@ WHERE namespace = $1::text;
 -- name: count_live_leases
 -- Live leases of namespace $1 other than task $2, counted up to $3 (the
 -- limit: the count stops there), and the earliest expire_time among them.
--- Reads the index of unswept leases (migrations/0005_operations.sql): the
--- cost follows the live leases, not the table.
+-- Reads the index of unswept leases (migrations/0005_operations.sql) in
+-- order: an ordered scan that stops at the limit is the planner's cheapest
+-- path whatever it guesses of the index's size (unordered, a guess of many
+-- held rows made a sequential scan "stopping early" look cheaper). The cost
+-- follows the live leases, not the table.
 SELECT count(*) AS live, min(expire_time) AS first_expiry, clock_timestamp() AS db_now
 FROM (
     SELECT expire_time FROM leasekeeper_tasks
     WHERE namespace = $1::text AND task_id <> $2::text
       AND state = 'held' AND expiry_announced_fence IS DISTINCT FROM fence
       AND expire_time > clock_timestamp()
+    ORDER BY task_id
     LIMIT $3::int
 ) live;
 
@@ -255,21 +363,25 @@ SELECT namespace, max_leases, claims_per_second,
 FROM leasekeeper_namespace_limits;
 
 -- name: sweep_expired
--- Announces expiries: marks up to $1 leases whose expire_time has passed
--- and whose expiry was not yet announced, so the task trigger sends an
--- 'expired' event for each, once. SKIP LOCKED: a row a claim or renewal is
--- deciding is left for the next sweep. Reads the index of unswept leases, so
--- the cost follows the live and newly expired leases, not the table.
+-- Announces expiries: marks up to $1 leases whose expire_time has passed and
+-- whose expiry was not yet announced, so the task trigger sends an 'expired'
+-- event for each, once. SKIP LOCKED: a row a claim or renewal is deciding is
+-- left for the next sweep. The leases are found through the index of unswept
+-- leases, in index order (an ordered scan with a LIMIT: the planner's
+-- cheapest path whatever it guesses), and updated by the row addresses the
+-- lock returned (ctid = ANY: a TID scan, never a join the planner could turn
+-- into a scan of the table). A row a concurrent transaction changed after
+-- this statement's snapshot is locked in its new version, which this UPDATE
+-- cannot see: it is left for the next sweep.
 UPDATE leasekeeper_tasks AS t
 SET expiry_announced_fence = t.fence
-FROM (
-    SELECT namespace, task_id FROM leasekeeper_tasks
+WHERE t.ctid = ANY (ARRAY(
+    SELECT ctid FROM leasekeeper_tasks
     WHERE state = 'held' AND expiry_announced_fence IS DISTINCT FROM fence
       AND expire_time <= clock_timestamp()
+    ORDER BY namespace, task_id
     LIMIT $1::int
-    FOR UPDATE SKIP LOCKED
-) e
-WHERE t.namespace = e.namespace AND t.task_id = e.task_id
+    FOR UPDATE SKIP LOCKED))
 RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.expire_time;
 
 -- name: held_by_namespace
