@@ -10,7 +10,7 @@ NODE_DEPS := node_modules/.installed examples/node/node_modules/.installed
 
 .DEFAULT_GOAL := help
 
-.PHONY: help serve test lint protos protos-check protos-baseline demo clean
+.PHONY: help serve test lint protos protos-check protos-baseline demo bench bench-quick clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -52,6 +52,12 @@ protos-check: node_modules/.installed ## buf lint, and buf breaking against the 
 
 protos-baseline: node_modules/.installed ## publish protos/ as the new breaking-change baseline
 	$(BUF) build -o $(BUF_BASELINE)
+
+bench: $(VENV)/.installed ## the benchmark suite (about 25 minutes): bench/results/results.{md,json,png}
+	$(PY) -m bench.run
+
+bench-quick: $(VENV)/.installed ## the benchmark suite in short windows (under 2 minutes; CI runs it)
+	$(PY) -m bench.run --quick --out bench/results/quick
 
 demo: $(VENV)/.installed ## the paused-worker and crashed-worker scenarios on real processes
 	$(PY) examples/demo.py

@@ -1,0 +1,273 @@
+"""The suite's results as a Markdown table and a PNG chart (matplotlib)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from bench.scenarios import TITLES
+
+Point = dict[str, Any]
+
+
+def _find(points: Iterable[Point], target: str, scenario: str, concurrency: int) -> Point | None:
+    for p in points:
+        if (p["target"], p["scenario"], p["concurrency"], p.get("rows")) == (
+            target,
+            scenario,
+            concurrency,
+            None,
+        ):
+            return p
+    return None
+
+
+def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(value)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if not a or not b:
+        return "-"
+    return f"{a / b:.2f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The results as Markdown: the main table, the claim references, the targets, the scale run."""
+    points = results["points"]
+    lines = [
+        f"Run {results['started']} ({'quick' if results['quick'] else 'full'}), "
+        f"{results['machine']['cpus']} CPUs, Python {results['machine']['python']}; "
+        f"{results['elapsed_s']} s in all.",
+        "",
+        "Reference: the same client against a bare grpc.aio server of the same service whose "
+        "handlers do no work (a no-op unary call; a bidi echo for Heartbeat).",
+        "",
+        "| scenario | concurrent | leasekeeper ops/s | reference ops/s | ratio | p50 ms | "
+        "p99 ms | server CPU ms/call | DB statements/call |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    scenarios = list(dict.fromkeys(p["scenario"] for p in points if p["target"] == "leasekeeper"))
+    levels = sorted({p["concurrency"] for p in points if p.get("rows") is None})
+    for scenario in scenarios:
+        for c in levels:
+            ours = _find(points, "leasekeeper", scenario, c)
+            ref = _find(points, "reference", scenario, c)
+            if ours is None:
+                continue
+            lines.append(
+                f"| {TITLES.get(scenario, scenario)} | {c} | {_num(ours['rate'])} | "
+                f"{_num(ref['rate'] if ref else None)} | "
+                f"{_ratio(ours['rate'], ref['rate'] if ref else None)} | "
+                f"{_num(ours['p50_ms'], '{:.2f}')} | {_num(ours['p99_ms'], '{:.2f}')} | "
+                f"{_num(ours['cpu_ms_per_call'], '{:.3f}')} | "
+                f"{_num(ours['statements_per_call'], '{:.2f}')} |"
+            )
+    if any(p["target"] in ("asyncpg", "etcd") for p in points):
+        lines += [
+            "",
+            "Claims (distinct tasks) against the parts they are built from and against etcd:",
+            "",
+            "| concurrent | leasekeeper ops/s | raw asyncpg, same SQL | ratio | "
+            "etcd (lease grant + txn) | ratio |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for c in levels:
+            ours = _find(points, "leasekeeper", "claim", c)
+            raw = _find(points, "asyncpg", "claim", c)
+            etcd = _find(points, "etcd", "claim", c)
+            if ours is None:
+                continue
+            lines.append(
+                f"| {c} | {_num(ours['rate'])} | {_num(raw['rate'] if raw else None)} | "
+                f"{_ratio(ours['rate'], raw['rate'] if raw else None)} | "
+                f"{_num(etcd['rate'] if etcd else None)} | "
+                f"{_ratio(ours['rate'], etcd['rate'] if etcd else None)} |"
+            )
+    lines += before_after(points, scenarios, levels)
+    lines += ["", *targets_table(results)]
+    lines += ["", *scale_table(points)]
+    return "\n".join(lines) + "\n"
+
+
+def before_after(points: list[Point], scenarios: list[str], levels: list[int]) -> list[str]:
+    """The same scenarios against the earlier version's server (``--baseline-src``), if run."""
+    if not any(p["target"] == "before" for p in points):
+        return []
+    lines = [
+        "",
+        "Before and after (the earlier version's server measured in the same run):",
+        "",
+        "| scenario | concurrent | before ops/s | after ops/s | before ratio | after ratio | "
+        "before p99 ms | after p99 ms | before CPU ms/call | after CPU ms/call |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for scenario in scenarios:
+        for c in levels:
+            old = _find(points, "before", scenario, c)
+            new = _find(points, "leasekeeper", scenario, c)
+            ref = _find(points, "reference", scenario, c)
+            if old is None or new is None:
+                continue
+            ref_rate = ref["rate"] if ref else None
+            lines.append(
+                f"| {TITLES.get(scenario, scenario)} | {c} | {_num(old['rate'])} | "
+                f"{_num(new['rate'])} | {_ratio(old['rate'], ref_rate)} | "
+                f"{_ratio(new['rate'], ref_rate)} | {_num(old['p99_ms'], '{:.1f}')} | "
+                f"{_num(new['p99_ms'], '{:.1f}')} | {_num(old['cpu_ms_per_call'], '{:.3f}')} | "
+                f"{_num(new['cpu_ms_per_call'], '{:.3f}')} |"
+            )
+    return lines
+
+
+def targets_table(results: dict[str, Any]) -> list[str]:
+    """Each target of the suite, what this run measured, and whether it was met."""
+    points = results["points"]
+    rows: list[tuple[str, str, bool | None]] = []
+
+    def ratio_at(scenario: str, c: int, ref_target: str = "reference") -> float | None:
+        ours = _find(points, "leasekeeper", scenario, c)
+        ref = _find(points, ref_target, scenario, c)
+        if ours is None or ref is None or not ref["rate"]:
+            return None
+        return float(ours["rate"] / ref["rate"])
+
+    for scenario in ("claim", "renew", "validate"):
+        r = ratio_at(scenario, 64)
+        rows.append(
+            (
+                f"{TITLES[scenario]} at 64 concurrent ≥ 0.70 x no-op unary",
+                _num(r, "{:.2f}"),
+                None if r is None else r >= 0.70,
+            )
+        )
+    r = ratio_at("heartbeat", 64)
+    rows.append(
+        (
+            "Heartbeat renewals at 64 streams ≥ 0.70 x bidi echo",
+            _num(r, "{:.2f}"),
+            None if r is None else r >= 0.70,
+        )
+    )
+    r = ratio_at("claim", 64, "etcd")
+    rows.append(
+        ("Claims at 64 concurrent ≥ 5 x etcd", _num(r, "{:.1f}"), None if r is None else r >= 5)
+    )
+    for scenario in ("claim", "renew", "validate"):
+        ours = _find(points, "leasekeeper", scenario, 64)
+        p99 = ours["p99_ms"] if ours else None
+        rows.append(
+            (
+                f"{TITLES[scenario]} p99 at 64 concurrent < 20 ms",
+                _num(p99, "{:.1f} ms"),
+                None if p99 is None else p99 < 20,
+            )
+        )
+    fleet = results.get("fleet")
+    if fleet:
+        rows.append(
+            (
+                f"{fleet['streams']:,} heartbeat streams: RSS < 1 GiB",
+                f"{fleet['server_rss_bytes'] / 2**20:,.0f} MiB",
+                fleet["server_rss_bytes"] < 2**30,
+            )
+        )
+        rows.append(
+            (
+                f"{fleet['streams']:,} heartbeat streams: every beat acknowledged, p99 < 50 ms",
+                f"{fleet['acked']:,}/{fleet['sent']:,} acked, p99 {fleet['p99_ms']:.1f} ms",
+                fleet["acked"] == fleet["sent"] and fleet["p99_ms"] < 50,
+            )
+        )
+    spread = results.get("scale_spread")
+    if spread:
+        for scenario, value in spread.items():
+            rows.append(
+                (
+                    f"{TITLES[scenario]}: cost per call flat over table sizes (within 20%)",
+                    f"{value * 100:.0f}% spread",
+                    value <= 0.20,
+                )
+            )
+    lines = ["| target | measured | met |", "|---|---:|:---:|"]
+    for name, value, met in rows:
+        lines.append(f"| {name} | {value} | {'-' if met is None else ('yes' if met else 'no')} |")
+    return lines
+
+
+def scale_table(points: list[Point]) -> list[str]:
+    scaled = [p for p in points if p.get("rows") is not None]
+    if not scaled:
+        return []
+    lines = [
+        "Cost per call against the table size (64 concurrent):",
+        "",
+        "| scenario | task rows | ops/s | p50 ms | p99 ms | server CPU ms/call | "
+        "DB statements/call |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in sorted(scaled, key=lambda p: (p["scenario"], p["rows"])):
+        lines.append(
+            f"| {TITLES.get(p['scenario'], p['scenario'])} | {p['rows']:,} | {_num(p['rate'])} | "
+            f"{_num(p['p50_ms'], '{:.2f}')} | {_num(p['p99_ms'], '{:.2f}')} | "
+            f"{_num(p['cpu_ms_per_call'], '{:.3f}')} | "
+            f"{_num(p['statements_per_call'], '{:.2f}')} |"
+        )
+    return lines
+
+
+def chart(results: dict[str, Any], path: Path) -> None:
+    """Two panels: ratio to reference per scenario and concurrency; ops/s against table size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = results["points"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    scenarios = list(dict.fromkeys(p["scenario"] for p in points if p["target"] == "leasekeeper"))
+    levels = sorted({p["concurrency"] for p in points if p.get("rows") is None})
+    width = 0.8 / max(len(levels), 1)
+    for i, c in enumerate(levels):
+        ratios = []
+        for scenario in scenarios:
+            ours = _find(points, "leasekeeper", scenario, c)
+            ref = _find(points, "reference", scenario, c)
+            ratios.append(ours["rate"] / ref["rate"] if ours and ref and ref["rate"] else 0.0)
+        left.bar(
+            [x + i * width for x in range(len(scenarios))], ratios, width, label=f"{c} concurrent"
+        )
+    left.axhline(0.7, color="grey", linestyle="--", linewidth=1, label="target 0.70")
+    left.set_xticks([x + 0.4 - width / 2 for x in range(len(scenarios))])
+    left.set_xticklabels([TITLES.get(s, s) for s in scenarios], rotation=20, ha="right", fontsize=8)
+    left.set_ylabel("ops/s ÷ reference ops/s (no-op unary; bidi echo)")
+    left.set_title("leasekeeper against the bare gRPC stack")
+    left.legend(fontsize=8)
+
+    scaled = [p for p in points if p.get("rows") is not None]
+    for scenario in dict.fromkeys(p["scenario"] for p in scaled):
+        series = sorted((p for p in scaled if p["scenario"] == scenario), key=lambda p: p["rows"])
+        right.plot(
+            [p["rows"] for p in series],
+            [p["rate"] for p in series],
+            marker="o",
+            label=TITLES.get(scenario, scenario),
+        )
+    right.set_xscale("log")
+    right.set_ylim(bottom=0)
+    right.set_xlabel("task rows in the table")
+    right.set_ylabel("ops/s at 64 concurrent")
+    right.set_title("cost per call against the table size")
+    if scaled:
+        right.legend(fontsize=8)
+    fig.suptitle(
+        f"leasekeeper bench {results['started']} ({'quick' if results['quick'] else 'full'}), "
+        f"{results['machine']['cpus']} CPUs"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

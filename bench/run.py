@@ -1,0 +1,372 @@
+"""The benchmark suite: one command, a Markdown table, a JSON file and a PNG chart.
+
+    .venv/bin/python -m bench.run [--quick] [--out bench/results] [--database-url URL]
+
+For each scenario (``bench/scenarios.py``) and each concurrency, the same
+closed-loop load generator (``bench/loadgen.py``) drives, one after the other:
+
+* the leasekeeper server (``leasekeeper serve``, a process of its own);
+* its reference: the same client against a bare grpc.aio server of the same
+  service whose handlers do no work (``bench/noop_server.py``): a no-op unary
+  call, or a bidi echo for the heartbeat;
+* for claims, also the same claim SQL through raw asyncpg, and etcd doing the
+  same claim (lease grant + transaction) through a Python client.
+
+Every figure is printed with its ratio to its reference, measured minutes
+apart on the same machine, because absolute numbers on a shared machine
+drift. Server CPU per call is the server process's CPU time (/proc) over the
+calls; database statements per call come from the server's
+``leasekeeper_db_statements_total``. Then the scale run (``bench/scale.py``)
+repeats Claim, Renew and ValidateFence at 64 concurrent over tables of 10^3,
+10^5 and 10^7 task rows. ``--quick`` runs short windows and small tables (CI
+runs it to prove the suite works; nothing asserts a speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Servers and PostgreSQL are started as subprocesses (fork + exec): grpc's fork
+# handlers have nothing to do for them and only log about it.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench import report, scale, scenarios  # noqa: E402
+from bench.fleet import run_fleet  # noqa: E402
+from bench.loadgen import Op, Sample, closed_loop  # noqa: E402
+from bench.procstat import cpu_seconds, rss_bytes  # noqa: E402
+from bench.servers import (  # noqa: E402
+    ServerTarget,
+    bench_database,
+    database_transactions,
+    leasekeeper_server,
+)
+
+NAMESPACE = "bench"
+
+
+@dataclass
+class Point:
+    """One measured (target, scenario, concurrency) cell."""
+
+    target: str
+    scenario: str
+    concurrency: int
+    rate: float
+    p50_ms: float
+    p99_ms: float
+    calls: int
+    errors: dict[str, int]
+    cpu_ms_per_call: float | None = None
+    statements_per_call: float | None = None
+    transactions_per_call: float | None = None
+    rows: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """How long and how wide a run is."""
+
+    concurrency: tuple[int, ...]
+    duration_s: float
+    warmup_s: float
+    scale_rows: tuple[int, ...]
+    scale_duration_s: float
+    fleet_streams: int
+    fleet_interval_s: float
+    fleet_duration_s: float
+
+    @classmethod
+    def of(cls, quick: bool) -> Plan:
+        if quick:
+            return cls((1, 16, 64, 256), 0.6, 0.2, (1_000, 10_000), 0.6, 1_000, 1.0, 3.0)
+        return cls(
+            (1, 16, 64, 256), 4.0, 1.0, (1_000, 100_000, 10_000_000), 4.0, 20_000, 10.0, 30.0
+        )
+
+
+async def measure(
+    target: str,
+    scenario: str,
+    op: Op,
+    concurrency: int,
+    plan: Plan,
+    pid: int | None,
+    server: ServerTarget | None = None,
+    database_url: str | None = None,
+    duration_s: float | None = None,
+) -> Point:
+    """Runs one closed loop and reads the costs around it."""
+    cpu0 = cpu_seconds(pid) if pid else None
+    st0 = server.statements() if server else None
+    tx0 = await database_transactions(database_url) if database_url else None
+    sample: Sample = await closed_loop(
+        op, concurrency, duration_s or plan.duration_s, plan.warmup_s
+    )
+    calls = max(sample.all_calls, 1)
+    point = Point(
+        target,
+        scenario,
+        concurrency,
+        sample.rate,
+        sample.percentile_s(50) * 1000,
+        sample.percentile_s(99) * 1000,
+        sample.calls,
+        dict(sample.errors),
+    )
+    if pid and cpu0 is not None:
+        point.cpu_ms_per_call = (cpu_seconds(pid) - cpu0) * 1000 / calls
+    st1 = server.statements() if server else None
+    if st0 is not None and st1 is not None:
+        point.statements_per_call = (st1 - st0) / calls
+    if database_url and tx0 is not None:
+        # The read itself is one transaction.
+        point.transactions_per_call = (await database_transactions(database_url) - tx0 - 1) / calls
+    print(
+        f"  {target:<12} {scenario:<10} c={concurrency:<4} {point.rate:9.0f}/s "
+        f"p50 {point.p50_ms:6.2f} ms p99 {point.p99_ms:6.2f} ms"
+        + (f" cpu {point.cpu_ms_per_call:.3f} ms/call" if point.cpu_ms_per_call else "")
+        + (f" stmt {point.statements_per_call:.2f}/call" if point.statements_per_call else "")
+        + (f" errors {point.errors}" if point.errors else ""),
+        flush=True,
+    )
+    return point
+
+
+async def run_suite(args: argparse.Namespace) -> dict[str, Any]:
+    from bench import reference
+
+    plan = Plan.of(args.quick)
+    points: list[Point] = []
+    out = Path(args.out)
+    started = time.time()
+    async with bench_database(args.database_url) as database_url:
+        server_settings = {
+            # Every beat is a renewal (no beat answered from memory), so the
+            # heartbeat figure measures renewals.
+            "min_renew_interval_s": 0,
+            "pool_max_size": 20,
+        }
+        if args.workers > 1:
+            server_settings["workers"] = args.workers
+        async with (
+            leasekeeper_server(database_url, out / "logs", **server_settings) as server,
+            reference.noop_server() as noop,
+        ):
+            print(f"leasekeeper pid {server.pid} on {server.address}; no-op pid {noop.pid}")
+            for scenario in args.scenarios:
+                for concurrency in plan.concurrency:
+                    run_id = uuid.uuid4().hex[:8]
+                    async with scenarios.scenario_op(
+                        scenario, noop.address, NAMESPACE, concurrency, run_id
+                    ) as op:
+                        points.append(
+                            await measure("reference", scenario, op, concurrency, plan, noop.pid)
+                        )
+                    async with scenarios.scenario_op(
+                        scenario, server.address, NAMESPACE, concurrency, run_id
+                    ) as op:
+                        points.append(
+                            await measure(
+                                "leasekeeper",
+                                scenario,
+                                op,
+                                concurrency,
+                                plan,
+                                server.pid,
+                                server,
+                                database_url,
+                            )
+                        )
+            if args.baseline_src:
+                points += await baseline_run(database_url, plan, args, server_settings)
+            if "claim" in args.scenarios:
+                points += await claim_references(database_url, plan, args)
+            fleet = None
+            if not args.no_fleet:
+                print(
+                    f"fleet: {plan.fleet_streams} heartbeat streams, a beat every "
+                    f"{plan.fleet_interval_s} s for {plan.fleet_duration_s} s",
+                    flush=True,
+                )
+                fleet = await run_fleet(
+                    server.address,
+                    server.pid,
+                    NAMESPACE,
+                    plan.fleet_streams,
+                    plan.fleet_interval_s,
+                    plan.fleet_duration_s,
+                )
+                print(f"  {fleet}", flush=True)
+            scaled = [] if args.no_scale else await scale_run(database_url, server, plan)
+            points += scaled
+            rss = rss_bytes(server.pid)
+    return {
+        "quick": args.quick,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "elapsed_s": round(time.time() - started, 1),
+        "machine": machine(),
+        "server_rss_bytes_end": rss,
+        "fleet": fleet,
+        "scale_spread": scale_spread(scaled),
+        "points": [asdict(p) for p in points],
+    }
+
+
+async def baseline_run(
+    database_url: str, plan: Plan, args: argparse.Namespace, settings: dict[str, object]
+) -> list[Point]:
+    """The scenarios against a server running an earlier checkout's code (target "before")."""
+    points: list[Point] = []
+    source = Path(args.baseline_src)
+    async with leasekeeper_server(database_url, Path(args.out) / "logs", source, **settings) as old:
+        print(f"before: {source} (pid {old.pid})", flush=True)
+        for scenario in args.scenarios:
+            for concurrency in plan.concurrency:
+                async with scenarios.scenario_op(
+                    scenario, old.address, NAMESPACE, concurrency, uuid.uuid4().hex[:8]
+                ) as op:
+                    points.append(
+                        await measure(
+                            "before", scenario, op, concurrency, plan, old.pid, old, database_url
+                        )
+                    )
+    return points
+
+
+SCALED = ("claim", "renew", "validate")
+
+
+async def scale_run(database_url: str, server: ServerTarget, plan: Plan) -> list[Point]:
+    """Claim, Renew and ValidateFence at 64 concurrent as the table grows to each size."""
+    points: list[Point] = []
+    seeded = 0
+    for rows in plan.scale_rows:
+        began = time.monotonic()
+        await scale.seed(database_url, rows - seeded, namespace=f"scale-{rows}")
+        seeded = rows
+        print(
+            f"scale: table seeded to {rows:,} rows ({time.monotonic() - began:.0f} s)", flush=True
+        )
+        for scenario in SCALED:
+            run_id = uuid.uuid4().hex[:8]
+            async with scenarios.scenario_op(scenario, server.address, NAMESPACE, 64, run_id) as op:
+                stats0 = await scale.table_stats(database_url)
+                point = await measure(
+                    "leasekeeper",
+                    scenario,
+                    op,
+                    64,
+                    plan,
+                    server.pid,
+                    server,
+                    database_url,
+                    duration_s=plan.scale_duration_s,
+                )
+                delta = scale.stats_delta(stats0, await scale.table_stats(database_url))
+            point.rows = rows
+            point.extra = {
+                "seq_scans": delta.get("seq_scan"),
+                "index_scans_per_call": (delta.get("idx_scan") or 0) / max(point.calls, 1),
+                "hot_updates": delta.get("n_tup_hot_upd"),
+                "updates": delta.get("n_tup_upd"),
+            }
+            points.append(point)
+    return points
+
+
+def scale_spread(points: list[Point]) -> dict[str, float]:
+    """Per scenario, (highest - lowest) / lowest server CPU per call over the table sizes."""
+    spread: dict[str, float] = {}
+    for scenario in SCALED:
+        costs = [p.cpu_ms_per_call for p in points if p.scenario == scenario and p.cpu_ms_per_call]
+        if len(costs) > 1:
+            spread[scenario] = (max(costs) - min(costs)) / min(costs)
+    return spread
+
+
+async def claim_references(database_url: str, plan: Plan, args: argparse.Namespace) -> list[Point]:
+    """Claims through raw asyncpg (same SQL) and through etcd, at each concurrency."""
+    from bench import etcd, reference
+
+    points: list[Point] = []
+    for concurrency in plan.concurrency:
+        async with reference.raw_claim(database_url, NAMESPACE) as op:  # new task ids each
+            points.append(await measure("asyncpg", "claim", op, concurrency, plan, None))
+    if args.no_etcd:
+        return points
+    async with etcd.etcd_server() as target:
+        for concurrency in plan.concurrency:
+            async with etcd.etcd_claim(target) as op:
+                points.append(await measure("etcd", "claim", op, concurrency, plan, target.pid))
+    return points
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="short windows, small tables")
+    parser.add_argument("--out", default=str(REPO_ROOT / "bench" / "results"))
+    parser.add_argument("--database-url", default=os.environ.get("LEASEKEEPER_BENCH_DATABASE_URL"))
+    parser.add_argument(
+        "--scenarios", nargs="+", default=list(scenarios.SCENARIOS), choices=scenarios.SCENARIOS
+    )
+    parser.add_argument("--workers", type=int, default=1, help="leasekeeper serve --workers")
+    parser.add_argument("--no-etcd", action="store_true", help="leave out the etcd reference")
+    parser.add_argument("--no-fleet", action="store_true", help="leave out the stream fleet")
+    parser.add_argument(
+        "--baseline-src",
+        help="a checkout of an earlier version: its server is measured too (target 'before')",
+    )
+    parser.add_argument("--no-scale", action="store_true", help="leave out the table sizes")
+    args = parser.parse_args(argv)
+    if args.baseline_src:
+        args.baseline_src = os.path.abspath(args.baseline_src)
+    try:
+        import uvloop
+
+        results = uvloop.run(run_suite(args))
+    except ImportError:
+        results = asyncio.run(run_suite(args))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(report.markdown(results))
+    report.chart(results, out / "results.png")
+    print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'results.png'}")
+    failed = [p for p in results["points"] if p["errors"] or not p["calls"]]
+    fleet = results.get("fleet")
+    if fleet and fleet["acked"] != fleet["sent"]:
+        print(f"fleet: {fleet['sent'] - fleet['acked']} beats not acknowledged", file=sys.stderr)
+        return 1
+    for p in failed:
+        print(
+            f"{p['target']} {p['scenario']} at {p['concurrency']}: "
+            f"{p['calls']} calls, errors {p['errors']}",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The measured calls: one Op per scenario, the same for leasekeeper and its no-op twin.
+
+Every scenario goes through the real client (``leasekeeper.LeaseClient``),
+one client per load worker (each its own owner) on one shared channel, so a
+no-op server of the same service (``bench/noop_server.py``) and the real one
+are driven by exactly the same code. The heartbeat scenario drives a raw
+bidirectional stream per worker (one write, one read per call), as the bidi
+echo reference does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+
+from leasekeeper import LeaseClient
+from leasekeeper.v1 import lease_service_pb2 as pb
+
+from .loadgen import Op
+
+# Leases in the benchmark outlive every measured window (seconds).
+TTL_S = 120.0
+
+UNARY = ("claim", "claim_hot", "renew", "validate", "effect")
+SCENARIOS = (*UNARY, "heartbeat")
+
+TITLES = {
+    "claim": "Claim (distinct tasks)",
+    "claim_hot": "Claim (one hot task)",
+    "renew": "Renew",
+    "validate": "ValidateFence",
+    "effect": "BeginEffect+CompleteEffect",
+    "heartbeat": "Heartbeat renewal",
+}
+
+
+@dataclass
+class Held:
+    """A lease a load worker holds for the scenarios that need one."""
+
+    task_id: str
+    fence: int
+
+
+@contextlib.asynccontextmanager
+async def scenario_op(
+    scenario: str, target: str, namespace: str, concurrency: int, run_id: str
+) -> AsyncIterator[Op]:
+    """The Op of ``scenario`` against ``target``, with its setup done (leases claimed).
+
+    Args:
+        scenario: one of SCENARIOS.
+        target: the server's ``host:port``.
+        namespace: the namespace the scenario's tasks live in.
+        concurrency: how many load workers will call the Op (one client each).
+        run_id: unique among runs on one database, so task ids never repeat.
+    """
+    async with grpc.aio.insecure_channel(target) as channel:
+        clients = [
+            LeaseClient(namespace=namespace, owner_id=f"{run_id}-w{i}", channel=channel)
+            for i in range(concurrency)
+        ]
+        held: list[Held] = []
+        if scenario in ("renew", "validate", "effect", "heartbeat"):
+            for i, client in enumerate(clients):
+                result = await client.claim(f"{run_id}-held-{i}", ttl=TTL_S)
+                assert result.acquired and result.lease is not None, result
+                held.append(Held(result.lease.task_id, result.lease.fence))
+        if scenario == "heartbeat":
+            async with _streams(channel, namespace, clients, held) as op:
+                yield op
+            return
+        yield _unary_op(scenario, clients, held, run_id)
+
+
+def _unary_op(scenario: str, clients: list[LeaseClient], held: list[Held], run_id: str) -> Op:
+    if scenario == "claim":
+
+        async def claim(w: int, c: int) -> object:
+            return await clients[w].claim(f"{run_id}-{w}-{c}", ttl=TTL_S)
+
+        return claim
+    if scenario == "claim_hot":
+        hot = f"{run_id}-hot"
+
+        async def claim_hot(w: int, c: int) -> object:
+            return await clients[w].claim(hot, ttl=TTL_S)
+
+        return claim_hot
+    if scenario == "renew":
+
+        async def renew(w: int, c: int) -> object:
+            lease = held[w]
+            return await clients[w].renew(lease.task_id, lease.fence, ttl=TTL_S)
+
+        return renew
+    if scenario == "validate":
+
+        async def validate(w: int, c: int) -> object:
+            lease = held[w]
+            check = await clients[w].validate_fence(lease.task_id, lease.fence)
+            if not check.valid:
+                raise AssertionError(f"fence {lease.fence} refused: {check}")
+            return check
+
+        return validate
+    if scenario == "effect":
+
+        async def effect(w: int, c: int) -> object:
+            lease, client = held[w], clients[w]
+            key = f"e-{c}"
+            await client.begin_effect(lease.task_id, lease.fence, key, policy="ONCE")
+            return await client.complete_effect(
+                lease.task_id, lease.fence, key, outcome="SUCCEEDED"
+            )
+
+        return effect
+    raise ValueError(f"unknown scenario {scenario!r}")
+
+
+@contextlib.asynccontextmanager
+async def _streams(
+    channel: grpc.aio.Channel, namespace: str, clients: list[LeaseClient], held: list[Held]
+) -> AsyncIterator[Op]:
+    """One open Heartbeat stream per worker; a call is one beat and its answer."""
+    stub = clients[0].stub
+    ttl = duration_pb2.Duration(seconds=int(TTL_S))
+    calls: list[Any] = []
+    try:
+        for client, lease in zip(clients, held, strict=True):
+            call = stub.Heartbeat()
+            await call.write(
+                pb.HeartbeatRequest(
+                    namespace=namespace,
+                    task_id=lease.task_id,
+                    owner_id=client.owner_id,
+                    fence=lease.fence,
+                    ttl=ttl,
+                )
+            )
+            first = await call.read()
+            assert first.fence == lease.fence, first
+            calls.append(call)
+        beat = pb.HeartbeatRequest()
+
+        async def heartbeat(w: int, c: int) -> object:
+            call = calls[w]
+            await call.write(beat)
+            reply = await call.read()
+            if reply is grpc.aio.EOF or not reply.renewed:
+                raise AssertionError(f"beat not renewed: {reply}")
+            return reply
+
+        yield heartbeat
+    finally:
+        for call in calls:
+            with contextlib.suppress(Exception):
+                await call.done_writing()
+            call.cancel()
