@@ -21,6 +21,7 @@ from google.protobuf import duration_pb2
 
 from leasekeeper import LeaseClient
 from leasekeeper.v1 import lease_service_pb2 as pb
+from leasekeeper_server.cli import tune_gc
 
 from .procstat import cpu_seconds, rss_bytes
 
@@ -34,9 +35,15 @@ async def run_fleet(
     streams: int,
     interval_s: float,
     duration_s: float,
-    ttl_s: float = 60.0,
+    ttl_s: float = 90.0,
 ) -> dict[str, Any]:
-    """Runs the fleet against the server at ``target`` (process ``pid``); returns its figures."""
+    """Runs the fleet against the server at ``target`` (process ``pid``); returns its figures.
+
+    This process holds all the client streams too: its own collector is made
+    rare (the server's ``tune_gc``), or its pauses would be counted as the
+    server's latency.
+    """
+    tune_gc()
     channels = [
         grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range((streams + STREAMS_PER_CHANNEL - 1) // STREAMS_PER_CHANNEL)

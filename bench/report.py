@@ -168,7 +168,9 @@ def targets_table(results: dict[str, Any]) -> list[str]:
             )
         )
     fleet = results.get("fleet")
-    if fleet:
+    if fleet and "error" in fleet:
+        rows.append((f"{fleet['streams']:,} heartbeat streams", f"failed: {fleet['error']}", False))
+    elif fleet:
         rows.append(
             (
                 f"{fleet['streams']:,} heartbeat streams: RSS < 1 GiB",

@@ -43,6 +43,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+import asyncpg  # noqa: E402
+
 from bench import report, scale, scenarios  # noqa: E402
 from bench.fleet import run_fleet  # noqa: E402
 from bench.loadgen import Op, Sample, closed_loop  # noqa: E402
@@ -94,7 +96,7 @@ class Plan:
         if quick:
             return cls((1, 16, 64, 256), 0.6, 0.2, (1_000, 10_000), 0.6, 1_000, 1.0, 3.0)
         return cls(
-            (1, 16, 64, 256), 4.0, 1.0, (1_000, 100_000, 10_000_000), 4.0, 20_000, 10.0, 30.0
+            (1, 16, 64, 256), 4.0, 1.0, (1_000, 100_000, 10_000_000), 4.0, 20_000, 30.0, 60.0
         )
 
 
@@ -202,15 +204,24 @@ async def run_suite(args: argparse.Namespace) -> dict[str, Any]:
                     f"{plan.fleet_interval_s} s for {plan.fleet_duration_s} s",
                     flush=True,
                 )
-                fleet = await run_fleet(
-                    server.address,
-                    server.pid,
-                    NAMESPACE,
-                    plan.fleet_streams,
-                    plan.fleet_interval_s,
-                    plan.fleet_duration_s,
-                )
+                try:
+                    fleet = await run_fleet(
+                        server.address,
+                        server.pid,
+                        NAMESPACE,
+                        plan.fleet_streams,
+                        plan.fleet_interval_s,
+                        plan.fleet_duration_s,
+                    )
+                except Exception as exc:  # reported, and the rest of the suite still runs
+                    fleet = {
+                        "streams": plan.fleet_streams,
+                        "error": repr(exc),
+                        "sent": 1,
+                        "acked": 0,
+                    }
                 print(f"  {fleet}", flush=True)
+                await settle(server)
             scaled = [] if args.no_scale else await scale_run(database_url, server, plan)
             points += scaled
             rss = rss_bytes(server.pid)
@@ -247,6 +258,15 @@ async def baseline_run(
     return points
 
 
+async def settle(server: ServerTarget, within_s: float = 120.0) -> None:
+    """Waits until the server has closed the fleet's streams (its gauge reads 0)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not await asyncio.to_thread(server.gauge, "leasekeeper_heartbeat_streams_open"):
+            return
+        await asyncio.sleep(0.5)
+
+
 SCALED = ("claim", "renew", "validate")
 
 
@@ -258,6 +278,7 @@ async def scale_run(database_url: str, server: ServerTarget, plan: Plan) -> list
         began = time.monotonic()
         await scale.seed(database_url, rows - seeded, namespace=f"scale-{rows}")
         seeded = rows
+        await checkpoint(database_url)  # the seed's writes flushed before anything is measured
         print(
             f"scale: table seeded to {rows:,} rows ({time.monotonic() - began:.0f} s)", flush=True
         )
@@ -286,6 +307,15 @@ async def scale_run(database_url: str, server: ServerTarget, plan: Plan) -> list
             }
             points.append(point)
     return points
+
+
+async def checkpoint(database_url: str) -> None:
+    """A CHECKPOINT, so a seed's dirty pages are not written out during a measurement."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("CHECKPOINT")
+    finally:
+        await conn.close()
 
 
 def scale_spread(points: list[Point]) -> dict[str, float]:

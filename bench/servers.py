@@ -38,6 +38,14 @@ class ServerTarget:
     metrics_url: str
     log_path: Path
 
+    def gauge(self, name: str) -> float | None:
+        """The value of an unlabelled metric the server exports, or None."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as reply:
+            for line in reply.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return None
+
     def statements(self) -> float | None:
         """Database statements the server has sent so far (its counter); None if not exported."""
         with urllib.request.urlopen(self.metrics_url, timeout=5) as reply:

@@ -8,12 +8,13 @@ previous statement runs and sends them together as one statement over arrays
 (``unnest``); each caller still gets its own answer.
 
 The rule (group commit, as in database logs): at most one statement of a
-coalescer is in flight. A call arriving when none is starts one on the next
-turn of the event loop, so calls arriving in the same turn share it and a
-lone call waits for nothing; calls arriving while one runs are sent together
-when it returns. So a process sends at most one statement of each kind per
-tick, a tick being one statement's round trip, and a batch grows with the
-load instead of the number of statements.
+coalescer is in flight. A call arriving in a quiet moment starts one on the
+next turn of the event loop, so it waits for nothing. Calls arriving while
+one runs are sent together when it returns; and while calls keep coming so
+(busy), at most one statement starts per tick (``tick_s``, 2 ms by default:
+LEASEKEEPER_BATCH_TICK_S), the calls of the tick gathering into it. So a
+busy process sends at most one statement of each kind per tick, and a batch
+grows with the load instead of the number of statements.
 
 Items with the same key never share a statement: a statement that would
 change the same row twice is an error in PostgreSQL (``ON CONFLICT DO UPDATE
@@ -47,6 +48,10 @@ class Coalescer(Generic[Item, Result]):
         key: An item's key; items with equal keys never share a batch. None:
             any items may share one.
         max_batch: The most items in one batch.
+        tick_s: The least time, seconds, from one batch's start to the next's
+            while calls keep coming: calls arriving meanwhile wait and go
+            together. A call arriving when no batch is in flight is sent at
+            once.
         duplicate: The result for an item whose key is already in the batch
             being taken, given once that batch's ``run`` has returned (or
             raised), instead of running the item in a later batch. None:
@@ -59,13 +64,17 @@ class Coalescer(Generic[Item, Result]):
         key: Callable[[Item], Hashable] | None = None,
         max_batch: int = 1000,
         duplicate: Callable[[Item], Result] | None = None,
+        tick_s: float = 0.0,
     ) -> None:
         self._run = run
+        self._tick_s = tick_s
         self._key = key
         self._max_batch = max_batch
         self._duplicate = duplicate
         self._pending: list[_Entry[Item, Result]] = []
         self._drainer: asyncio.Task[None] | None = None
+        self._last_start = float("-inf")  # loop time the last batch was sent
+        self._busy = False  # calls arrived while the last batch ran
         self.batches = 0  # statements sent, for tests and metrics
         self.items = 0
 
@@ -92,14 +101,22 @@ class Coalescer(Generic[Item, Result]):
                 await drainer
 
     async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while self._pending:
+                # Busy (calls came while the last batch ran): at most one batch
+                # per tick, and the calls arriving meanwhile gather.
+                wait_s = self._last_start + self._tick_s - loop.time()
+                if self._busy and wait_s > 0:
+                    await asyncio.sleep(wait_s)
                 batch, duplicates = self._take()
                 if batch:
+                    self._last_start = loop.time()
                     try:
                         await self._send(batch)
                     finally:
                         self._answer_duplicates(duplicates)
+                    self._busy = bool(self._pending)
         finally:
             self._drainer = None
 

@@ -6,13 +6,15 @@ each later message renews it again, except that beats sooner than
 from that renewal without a database write (a flood never becomes a write
 storm, and a short ttl can still be kept alive).
 
-Between beats the stream waits on three things: the next message, a
-notification that the task's ownership changed (``events.py``), and a timer
-set for the moment the database said the lease would end. When either of
-the last two fires, one read on the database clock decides; a lost lease
-ends the stream at once with ABORTED and the reason, without waiting for the
-client's next beat. The server's monotonic clock only schedules that read;
-it never decides anything.
+The stream's task reads and answers beats one after another. Beside it, a
+watchdog task waits on a notification that the task's ownership changed
+(``events.py``), a timer set for the moment the database said the lease
+would end (unless a renewal moved it since), the server's shutdown and the
+caller's token. When the first two fire, one read on the database clock
+decides; a lost lease ends the stream at once with ABORTED and the reason
+(the watchdog cancels the stream's task, which leaves with that status),
+without waiting for the client's next beat. The server's monotonic clock
+only schedules that read; it never decides anything.
 
 The stream ends with OK when the client half-closes (the lease stays HELD
 until it expires or is released), with UNAVAILABLE when the server shuts
@@ -110,6 +112,7 @@ class _Stream:
         self._task: Task | None = None  # the last read of the lease (renewal or check)
         self._seen_at = 0.0  # monotonic, when that read was answered
         self._renewed_at = 0.0  # monotonic, when the last renewal was answered
+        self._ended: Exception | None = None  # why the watchdog ended the stream
 
     async def run(self) -> None:
         first = await self._context.read()
@@ -121,43 +124,71 @@ class _Stream:
         self._ttl = validate.ttl(first, self._settings)
         await self._renew()
 
-        reader: asyncio.Task[Any] | None = None
+        # Beats are read and answered here, one after another, with nothing
+        # else to wait for (the cheapest loop per beat); the watchdog task
+        # waits for the rest and, when the stream must end, cancels this one.
+        beats = asyncio.current_task()
+        assert beats is not None
         with self._events.watch(self._ref.key) as changed:
-            waiters = {
-                "changed": asyncio.ensure_future(changed.wait()),
-                "closing": asyncio.ensure_future(self._closing.wait()),
-                # Ends the stream if the caller's token is revoked while it runs.
-                "credentials": auth.guard_credentials(self._ref.key.namespace),
-            }
+            # Ends the stream if the caller's token is revoked while it runs.
+            credentials = auth.guard_credentials(self._ref.key.namespace)
+            watchdog = asyncio.ensure_future(self._watch(changed, credentials, beats))
             try:
-                reader = asyncio.ensure_future(self._context.read())
                 while True:
-                    done, _ = await asyncio.wait(
-                        {reader, *waiters.values()},
-                        timeout=self._until_check_s(),
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                    if waiters["closing"] in done:
-                        raise ShuttingDown("server is shutting down; resume with the same fence")
-                    if waiters["credentials"] in done:
-                        waiters["credentials"].result()  # raises: the token was revoked
-                    if reader in done:
-                        message = reader.result()
-                        if message is grpc.aio.EOF:
-                            return
-                        await self._beat(message)
-                        reader = asyncio.ensure_future(self._context.read())
-                    elif waiters["changed"] in done or not done:
-                        if waiters["changed"].done():
-                            # Only a finished waiter is replaced: on a timer wake-up the
-                            # pending one must live on (an orphan would leak until GC).
-                            changed.clear()
-                            waiters["changed"] = asyncio.ensure_future(changed.wait())
-                        await self._check()
+                    message = await self._context.read()
+                    if message is grpc.aio.EOF:
+                        return
+                    await self._beat(message)
+            except asyncio.CancelledError:
+                if self._ended is None:
+                    raise  # the call itself was cancelled
+                beats.uncancel()
+                raise self._ended from None
             finally:
-                for waiter in (*waiters.values(), reader):
-                    if waiter is not None:
-                        waiter.cancel()
+                watchdog.cancel()
+                credentials.cancel()
+
+    async def _watch(
+        self,
+        changed: asyncio.Event,
+        credentials: asyncio.Future[Any],
+        beats: asyncio.Task[Any],
+    ) -> None:
+        """Ends the stream (cancelling ``beats``) on shutdown, a lost token or a lost lease.
+
+        Waits for a notification that the task's ownership changed, the
+        server's shutdown, the token's revocation, or the instant the
+        database said the lease would end (if no renewal moved it since);
+        then one read on the database clock decides.
+        """
+        closing = asyncio.ensure_future(self._closing.wait())
+        woken = asyncio.ensure_future(changed.wait())
+        try:
+            while True:
+                seen_at = self._seen_at
+                done, _ = await asyncio.wait(
+                    {woken, closing, credentials},
+                    timeout=self._until_check_s(),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if closing in done:
+                    raise ShuttingDown("server is shutting down; resume with the same fence")
+                if credentials in done:
+                    credentials.result()  # raises: the token was revoked
+                if woken in done:
+                    changed.clear()
+                    woken = asyncio.ensure_future(changed.wait())
+                elif self._seen_at != seen_at:
+                    continue  # renewed meanwhile: the lease ends later than the timer said
+                await self._check()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # ends the stream with this status
+            self._ended = exc
+            beats.cancel()
+        finally:
+            closing.cancel()
+            woken.cancel()
 
     def _until_check_s(self) -> float:
         assert self._task is not None

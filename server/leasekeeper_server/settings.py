@@ -88,6 +88,13 @@ class Settings(BaseSettings):
     lock_timeout_s: float = Field(
         default=3.0, gt=0, description="PostgreSQL lock_timeout on every connection."
     )
+    batch_tick_s: float = Field(
+        default=0.002,
+        ge=0,
+        description="While calls keep coming (busy), the least time between the starts of two "
+        "batched statements of one kind (claims, renewals, reads); calls arriving meanwhile "
+        "go together. A call in a quiet moment is sent at once.",
+    )
     batch_lock_timeout_s: float = Field(
         default=0.05,
         gt=0,

@@ -59,6 +59,14 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
+# A connection that died underneath (seen only when next used).
+_CONNECTION_LOST: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+)
+
+
 @contextlib.contextmanager
 def translate_errors() -> Iterator[None]:
     """Turns driver and network errors into DatabaseUnavailable."""
@@ -135,11 +143,19 @@ class Store:
         # Calls arriving together share one statement (batch.py). A claim of a
         # task already in the batch is answered NOT_SENT once the first has run
         # (see claim()): contention for one task costs one statement per batch.
+        tick = settings.batch_tick_s
         self._claims: Coalescer[tuple[Any, ...], Any] = Coalescer(
-            self._claim_batch, key=_task_of, duplicate=lambda _: NOT_SENT
+            self._claim_batch, key=_task_of, duplicate=lambda _: NOT_SENT, tick_s=tick
         )
-        self._renewals: Coalescer[tuple[Any, ...], Any] = Coalescer(self._renew_batch, key=_task_of)
-        self._reads: Coalescer[TaskKey, asyncpg.Record | None] = Coalescer(self._read_batch)
+        self._renewals: Coalescer[tuple[Any, ...], Any] = Coalescer(
+            self._renew_batch, key=_task_of, tick_s=tick
+        )
+        self._reads: Coalescer[TaskKey, asyncpg.Record | None] = Coalescer(
+            self._read_batch, tick_s=tick
+        )
+        # Each kind of batch keeps a connection of the batch pool while it works
+        # (one batch of a kind is in flight at a time): no pool checkout per batch.
+        self._batch_conns: dict[str, asyncpg.Connection] = {}
 
     @classmethod
     async def open(
@@ -190,6 +206,10 @@ class Store:
         """Closes the pools, waiting for connections in use (bounded by the statement timeout)."""
         for coalescer in (self._claims, self._renewals, self._reads):
             await coalescer.close()
+        for conn in self._batch_conns.values():
+            with contextlib.suppress(asyncpg.InterfaceError):  # released by the driver on close
+                await self._batch_pool.release(conn)
+        self._batch_conns.clear()
         for pool in {self._pool, self._batch_pool}:
             try:
                 await asyncio.wait_for(pool.close(), self._settings.statement_timeout_s + 1.0)
@@ -197,12 +217,9 @@ class Store:
                 pool.terminate()
 
     @contextlib.asynccontextmanager
-    async def _connection(
-        self, pool: asyncpg.Pool | None = None
-    ) -> AsyncIterator[asyncpg.Connection]:
-        pool = self._pool if pool is None else pool
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
         with translate_errors():
-            async with pool.acquire(timeout=self._settings.connect_timeout_s) as conn:
+            async with self._pool.acquire(timeout=self._settings.connect_timeout_s) as conn:
                 try:
                     yield conn
                 except (TimeoutError, asyncpg.exceptions.InternalClientError):
@@ -211,6 +228,43 @@ class Store:
                     # connection rather than hand it back to the pool.
                     conn.terminate()
                     raise
+
+    async def _batch_fetch(self, kind: str, *args: Any) -> list[asyncpg.Record]:
+        """Runs batch statement ``kind`` on the connection kept for it.
+
+        A kept connection may have died while idle (a database restart, a cut
+        link) without the driver knowing yet: if it fails with a lost
+        connection, the batch pool's connections are all replaced and the
+        statement is sent once more on a new one. That is safe for every
+        batch statement: a read; a renewal (renewing again only sets the same
+        expiry); a claim (each carries its request id, so a claim that did
+        commit finds its own lease the second time).
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached (or refused).
+        """
+        sql = self._sql[kind]
+        for attempt in (1, 2):
+            kept = self._batch_conns.pop(kind, None)
+            with translate_errors():
+                conn = kept if kept is not None and _usable(kept) else None
+                if conn is None:
+                    conn = await self._batch_pool.acquire(timeout=self._settings.connect_timeout_s)
+                try:
+                    rows: list[asyncpg.Record] = await conn.fetch(sql, *args)
+                except BaseException as exc:
+                    if isinstance(exc, (TimeoutError, asyncpg.exceptions.InternalClientError)):
+                        conn.terminate()  # see _connection
+                    with contextlib.suppress(asyncpg.InterfaceError):  # the driver did already
+                        await self._batch_pool.release(conn)
+                    if attempt == 1 and conn is kept and isinstance(exc, _CONNECTION_LOST):
+                        # Its siblings in the pool likely died with it: replace them all.
+                        await self._batch_pool.expire_connections()
+                        continue
+                    raise
+            self._batch_conns[kind] = conn
+            return rows
+        raise AssertionError("unreachable")
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -258,7 +312,9 @@ class Store:
         return task_from_row(row) if row is not None else None
 
     async def _read_batch(self, keys: Sequence[TaskKey]) -> list[asyncpg.Record | None]:
-        rows = await self.fetch("get_tasks", [k.namespace for k in keys], [k.task_id for k in keys])
+        rows = await self._batch_fetch(
+            "get_tasks", [k.namespace for k in keys], [k.task_id for k in keys]
+        )
         found = {(r["namespace"], r["task_id"]): r for r in rows}
         return [found.get((k.namespace, k.task_id)) for k in keys]
 
@@ -280,8 +336,7 @@ class Store:
         """
         columns = [list(column) for column in zip(*items, strict=True)]
         try:
-            async with self._connection(self._batch_pool) as conn:
-                rows = await conn.fetch(self._sql[name], *columns)
+            rows = await self._batch_fetch(name, *columns)
         except DatabaseUnavailable as exc:
             if isinstance(exc.__cause__, asyncpg.exceptions.LockNotAvailableError):
                 return [RUN_ALONE] * len(items)
@@ -542,6 +597,18 @@ class Store:
             )
             for r in rows
         }
+
+
+def _usable(conn: asyncpg.Connection) -> bool:
+    """False for a kept pool connection that closed while idle.
+
+    The driver hands a pooled connection that closes back to its pool by
+    itself; the kept proxy then refuses every call, ``is_closed`` included.
+    """
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False
 
 
 def _task_of(args: tuple[Any, ...]) -> tuple[str, str]:
