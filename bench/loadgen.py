@@ -1,8 +1,9 @@
 """The closed-loop load generator every benchmark and reference point goes through.
 
 ``concurrency`` workers each call ``op(worker_index, call_index)`` back to back
-for ``duration_s`` seconds (after ``warmup_s`` seconds whose calls are not
-counted). A call's latency is the time from its start to its return, on this
+for ``duration_s`` seconds after ``warmup_s`` seconds; the calls that return
+within those ``duration_s`` seconds are counted (a closed loop's throughput,
+whatever the latency). A call's latency is the time from its start to its return, on this
 process's monotonic clock, in seconds. An op that raises is counted as an
 error and the worker goes on; the errors' kinds are kept for the report.
 
@@ -76,11 +77,11 @@ async def closed_loop(op: Op, concurrency: int, duration_s: float, warmup_s: flo
             try:
                 await op(index, call)
             except Exception as exc:  # counted, and the load goes on
-                if now >= measure_from:
+                if measure_from <= loop.time() <= stop_at:
                     errors[type(exc).__name__] += 1
             else:
                 returned += 1
-                if now >= measure_from and loop.time() <= stop_at:
+                if measure_from <= loop.time() <= stop_at:  # returned in the window
                     latencies.append(clock() - began)
             call += 1
 
