@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -258,63 +258,60 @@ async def _claim_once(pool: asyncpg.Pool, namespace: str, task_id: str, owner: s
     return int(row["fence"])
 
 
+Act = Callable[[asyncpg.Pool, str, str, int], Awaitable[object]]
+
+
 @contextlib.asynccontextmanager
-async def raw_validate(dsn: str, namespace: str) -> AsyncIterator[Op]:
+async def _on_own_lease(dsn: str, namespace: str, kind: str, act: Act) -> AsyncIterator[Op]:
+    """An op whose worker claims a task of its own on its first call (counted as that call),
+    then runs ``act(pool, task_id, owner, fence)`` on it at every call."""
+    tag = _tag()
+    owner = f"raw-owner-{tag}"
+    fences: dict[int, int] = {}
+    async with _pool(dsn) as pool:
+
+        async def op(worker: int, call: int) -> object:
+            task_id = f"raw-{kind}-{tag}-{worker}"
+            fence = fences.get(worker)
+            if fence is None:
+                fences[worker] = await _claim_once(pool, namespace, task_id, owner)
+                return fences[worker]
+            return await act(pool, task_id, owner, fence)
+
+        yield op
+
+
+def raw_validate(dsn: str, namespace: str) -> contextlib.AbstractAsyncContextManager[Op]:
     """An op running ValidateFence's read (the ``get_task`` statement) through asyncpg.
 
-    Each worker claims a task of its own on its first call (counted as that
-    call), then reads it and checks its fence is the one held.
-
-    Yields:
-        ``op(worker, call)``; it raises ``RuntimeError`` when the fence is not
-        the task's, and asyncpg's errors.
+    Each worker claims a task of its own on its first call, then reads it and
+    checks its fence is the one held; ``op`` raises ``RuntimeError`` when it
+    is not, and asyncpg's errors.
     """
     sql = queries.load()["get_task"]
-    tag = _tag()
-    owner = f"raw-owner-{tag}"
-    fences: dict[int, int] = {}
-    async with _pool(dsn) as pool:
 
-        async def validate(worker: int, call: int) -> object:
-            task_id = f"raw-validate-{tag}-{worker}"
-            fence = fences.get(worker)
-            if fence is None:
-                fences[worker] = await _claim_once(pool, namespace, task_id, owner)
-                return fences[worker]
-            row = await pool.fetchrow(sql, namespace, task_id)
-            if row is None or row["fence"] != fence or row["state"] != "held":
-                raise RuntimeError(f"fence {fence} of {task_id} not valid")
-            return row
+    async def validate(pool: asyncpg.Pool, task_id: str, owner: str, fence: int) -> object:
+        row = await pool.fetchrow(sql, namespace, task_id)
+        if row is None or row["fence"] != fence or row["state"] != "held":
+            raise RuntimeError(f"fence {fence} of {task_id} not valid")
+        return row
 
-        yield validate
+    return _on_own_lease(dsn, namespace, "validate", validate)
 
 
-@contextlib.asynccontextmanager
-async def raw_renew(dsn: str, namespace: str) -> AsyncIterator[Op]:
+def raw_renew(dsn: str, namespace: str) -> contextlib.AbstractAsyncContextManager[Op]:
     """An op running the server's renew statement (ttl 30 s) through asyncpg.
 
-    Each worker claims a task of its own on its first call (counted as that
-    call), then renews it.
-
-    Yields:
-        ``op(worker, call)``; it raises ``RuntimeError`` when the lease was not
-        renewed, and asyncpg's errors.
+    Each worker claims a task of its own on its first call, then renews it;
+    ``op`` raises ``RuntimeError`` when the lease was not renewed, and
+    asyncpg's errors.
     """
     sql = queries.load()["renew"]
-    tag = _tag()
-    owner = f"raw-owner-{tag}"
-    fences: dict[int, int] = {}
-    async with _pool(dsn) as pool:
 
-        async def renew(worker: int, call: int) -> object:
-            task_id = f"raw-renew-{tag}-{worker}"
-            fence = fences.get(worker)
-            if fence is None:
-                fences[worker] = await _claim_once(pool, namespace, task_id, owner)
-                return fences[worker]
-            row = await pool.fetchrow(sql, namespace, task_id, owner, fence, TTL)
-            if row is None:
-                raise RuntimeError(f"lease {fence} of {task_id} not renewed")
-            return row
+    async def renew(pool: asyncpg.Pool, task_id: str, owner: str, fence: int) -> object:
+        row = await pool.fetchrow(sql, namespace, task_id, owner, fence, TTL)
+        if row is None:
+            raise RuntimeError(f"lease {fence} of {task_id} not renewed")
+        return row
 
-        yield renew
+    return _on_own_lease(dsn, namespace, "renew", renew)

@@ -30,7 +30,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -53,33 +53,28 @@ STARTUP_RETRY_INITIAL_S = 0.2
 STARTUP_RETRY_MAX_S = 5.0
 
 
-async def _start_when_database_answers(settings: Settings, dsn: str) -> LeaseServer | None:
-    """Starts a LeaseServer, retrying while the database is out of reach.
+async def when_database_answers(
+    settings: Settings, attempt: Callable[[], Awaitable[object]]
+) -> bool:
+    """Runs ``attempt`` (a coroutine function), retrying while the database is out of reach.
 
-    Each failed attempt is undone (pool, listener) and logged on one line; the
-    wait between attempts doubles from 0.2 s up to 5 s. Gives up after
-    ``settings.startup_wait_s`` seconds.
+    Each failure is logged on one line; the wait between attempts doubles
+    from 0.2 s up to 5 s. Gives up after ``settings.startup_wait_s`` seconds.
+    Any error other than DatabaseUnavailable leaves at once.
 
     Returns:
-        The serving server, or None when the database never answered in time.
+        Whether it succeeded.
     """
-    from .app import LeaseServer
     from .errors import DatabaseUnavailable
 
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + settings.startup_wait_s
     delay_s = STARTUP_RETRY_INITIAL_S
     while True:
-        server = LeaseServer(settings, dsn)
         try:
-            await server.start()
-            return server
-        except ValueError as exc:  # a token file or certificate that cannot be used
-            await server.stop(0)
-            log.error("cannot start: %s", exc)
-            return None
+            await attempt()
+            return True
         except DatabaseUnavailable as exc:
-            await server.stop(0)
             left_s = give_up_at - loop.time()
             if left_s <= 0:
                 log.error(
@@ -88,11 +83,42 @@ async def _start_when_database_answers(settings: Settings, dsn: str) -> LeaseSer
                     settings.startup_wait_s,
                     exc,
                 )
-                return None
+                return False
             delay_s = min(delay_s, left_s)
             log.warning("database unavailable at start (%s); retrying in %.1f s", exc, delay_s)
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, STARTUP_RETRY_MAX_S)
+
+
+async def _start_when_database_answers(settings: Settings, dsn: str) -> LeaseServer | None:
+    """Starts a LeaseServer, retrying while the database is out of reach (when_database_answers).
+
+    Each failed attempt is undone (pool, listener).
+
+    Returns:
+        The serving server, or None when the database never answered in time
+        or a token file or certificate cannot be used.
+    """
+    from .app import LeaseServer
+
+    started: list[LeaseServer] = []
+
+    async def attempt() -> None:
+        server = LeaseServer(settings, dsn)
+        try:
+            await server.start()
+        except BaseException:
+            await server.stop(0)
+            raise
+        started.append(server)
+
+    try:
+        if not await when_database_answers(settings, attempt):
+            return None
+    except ValueError as exc:  # a token file or certificate that cannot be used
+        log.error("cannot start: %s", exc)
+        return None
+    return started[0]
 
 
 async def _serve(settings: Settings) -> int:

@@ -45,7 +45,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -58,8 +58,6 @@ RESTART_INITIAL_S = 1.0
 RESTART_MAX_S = 30.0
 STABLE_S = 30.0  # a worker that served this long restarts after RESTART_INITIAL_S again
 STOP_MARGIN_S = 10.0  # beyond shutdown_grace_s, before workers still running are killed
-STARTUP_RETRY_INITIAL_S = 0.2
-STARTUP_RETRY_MAX_S = 5.0
 _RESERVE_ATTEMPTS = 5
 
 
@@ -398,41 +396,6 @@ class Supervisor:
         self._stop.set()
 
 
-async def _when_database_answers(
-    settings: Settings, attempt: Callable[[], Awaitable[object]]
-) -> bool:
-    """Runs ``attempt`` (a coroutine function), retrying while the database is out of reach.
-
-    The wait doubles from 0.2 s to 5 s; gives up after ``settings.startup_wait_s``.
-
-    Returns:
-        Whether it succeeded.
-    """
-    from .errors import DatabaseUnavailable
-
-    loop = asyncio.get_running_loop()
-    give_up_at = loop.time() + settings.startup_wait_s
-    delay_s = STARTUP_RETRY_INITIAL_S
-    while True:
-        try:
-            await attempt()
-            return True
-        except DatabaseUnavailable as exc:
-            left_s = give_up_at - loop.time()
-            if left_s <= 0:
-                log.error(
-                    "database unavailable for %.1f s at start (%s); giving up "
-                    "(LEASEKEEPER_STARTUP_WAIT_S)",
-                    settings.startup_wait_s,
-                    exc,
-                )
-                return False
-            delay_s = min(delay_s, left_s)
-            log.warning("database unavailable at start (%s); retrying in %.1f s", exc, delay_s)
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, STARTUP_RETRY_MAX_S)
-
-
 async def supervise(settings: Settings) -> int:
     """``serve`` with ``settings.workers`` (> 1) worker processes; returns the exit status.
 
@@ -441,12 +404,13 @@ async def supervise(settings: Settings) -> int:
     metrics ports, then runs a ``Supervisor``.
     """
     from .app import resolve_database
+    from .cli import when_database_answers
     from .migrate import migrate
 
     dsn, embedded = resolve_database(settings)
     held: list[socket.socket] = []
     try:
-        if not await _when_database_answers(settings, lambda: migrate(dsn)):
+        if not await when_database_answers(settings, lambda: migrate(dsn)):
             return 1
         try:
             listen, sockets = reserve(settings.listen)
