@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,11 +124,11 @@ async def leasekeeper_server(
 
 @contextlib.asynccontextmanager
 async def bench_database(url: str | None) -> AsyncIterator[str]:
-    """A database for the run: ``url`` as given; else a fresh one on 127.0.0.1:5432; else embedded.
+    """A database for the run: ``url`` as given; else a new one on 127.0.0.1:5432; else embedded.
 
-    The fresh database (``leasekeeper_bench``) is dropped and created anew, so
-    runs start from the same empty table; the embedded PostgreSQL lives in a
-    temporary folder removed at the end.
+    The new database (``leasekeeper_bench_<random>``, so two runs on one
+    machine never share one) is dropped at the end; the embedded PostgreSQL
+    lives in a temporary folder removed at the end.
     """
     if url:
         yield url
@@ -137,12 +138,19 @@ async def bench_database(url: str | None) -> AsyncIterator[str]:
     except (OSError, asyncpg.PostgresError):
         admin = None
     if admin is not None:
+        name = f"{BENCH_DATABASE}_{uuid.uuid4().hex[:8]}"
         try:
-            await admin.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
-            await admin.execute(f"CREATE DATABASE {BENCH_DATABASE}")
+            await admin.execute(f"CREATE DATABASE {name}")
         finally:
             await admin.close()
-        yield LOCAL_POSTGRES.rsplit("/", 1)[0] + "/" + BENCH_DATABASE
+        try:
+            yield LOCAL_POSTGRES.rsplit("/", 1)[0] + "/" + name
+        finally:
+            admin = await asyncpg.connect(LOCAL_POSTGRES, timeout=5)
+            try:
+                await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            finally:
+                await admin.close()
         return
     from leasekeeper_server.embedded import EmbeddedPostgres
 

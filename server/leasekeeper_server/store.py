@@ -38,8 +38,11 @@ APPLICATION_NAME = "leasekeeper"
 
 # The answer to a claim left out of a batch that already claimed its task.
 NOT_SENT: Any = object()
-# The answer to each item of a batch that met a row lock: run it on its own.
+# The answer to each item of a batch that met a row lock or failed as a whole
+# (one bad item): run it on its own.
 RUN_ALONE: Any = object()
+# The longest a batched statement may run, seconds (see Store.open).
+BATCH_TIMEOUT_S = 1.5
 
 # Errors that mean "the database is out of reach or refused to work now";
 # the call may be retried. Anything else is a bug and surfaces as INTERNAL.
@@ -193,9 +196,17 @@ class Store:
             # A batch that meets one runs its items on their own (RUN_ALONE).
             batch_settings = connection_settings(settings)
             batch_settings["lock_timeout"] = str(max(1, int(settings.batch_lock_timeout_s * 1000)))
+            # Every renewal of the process waits behind the batch in flight, so
+            # a batch that hangs (a stalled backend, a black-holed link) gives up
+            # sooner than a single statement: its callers get UNAVAILABLE (a
+            # heartbeat resumes on a new stream) instead of all waiting out the
+            # statement timeout.
+            batch_timeout_s = min(settings.statement_timeout_s, BATCH_TIMEOUT_S)
+            batch_settings["statement_timeout"] = str(int(batch_timeout_s * 1000))
+            batch_options = dict(options, command_timeout=batch_timeout_s + 0.5)
             try:
                 batch_pool = await asyncpg.create_pool(
-                    dsn, min_size=1, max_size=3, server_settings=batch_settings, **options
+                    dsn, min_size=1, max_size=3, server_settings=batch_settings, **batch_options
                 )
             except BaseException:
                 pool.terminate()
@@ -257,7 +268,12 @@ class Store:
                         conn.terminate()  # see _connection
                     with contextlib.suppress(asyncpg.InterfaceError):  # the driver did already
                         await self._batch_pool.release(conn)
-                    if attempt == 1 and conn is kept and isinstance(exc, _CONNECTION_LOST):
+                    if (
+                        attempt == 1
+                        and conn is kept
+                        and isinstance(exc, _CONNECTION_LOST)
+                        and not isinstance(exc, TimeoutError)  # sent, and no answer: unknown
+                    ):
                         # Its siblings in the pool likely died with it: replace them all.
                         await self._batch_pool.expire_connections()
                         continue
@@ -332,7 +348,8 @@ class Store:
         """Runs statement ``name`` over argument tuples of distinct tasks (one array per position).
 
         Returns the row of each item's task, or None where the statement returned none;
-        RUN_ALONE for every item when the statement waited too long for a row lock.
+        RUN_ALONE for every item when the statement waited too long for a row lock or
+        the database refused the batch as a whole.
         """
         columns = [list(column) for column in zip(*items, strict=True)]
         try:
@@ -341,6 +358,12 @@ class Store:
             if isinstance(exc.__cause__, asyncpg.exceptions.LockNotAvailableError):
                 return [RUN_ALONE] * len(items)
             raise
+        except asyncpg.PostgresError:
+            # The statement refused one item (e.g. a value past a limit): each
+            # runs alone, so only that item's caller sees the error.
+            if len(items) == 1:
+                raise
+            return [RUN_ALONE] * len(items)
         found = {(r["namespace"], r["task_id"]): r for r in rows}
         return [found.get(_task_of(item)) for item in items]
 
@@ -403,7 +426,7 @@ class Store:
                 take_token = False  # one token per Claim call, however often it is tried
             else:
                 row = await self._claims.submit((*args, delay))
-                if row is RUN_ALONE:  # the batch met a row lock: wait for it alone
+                if row is RUN_ALONE:  # the batch met a row lock or failed as a whole
                     row = await self._fetchrow("claim", *args, delay)
             sent = row is not NOT_SENT
             tries += sent
@@ -486,7 +509,7 @@ class Store:
         """
         args = (ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, ttl)
         row = await self._renewals.submit(args)
-        if row is RUN_ALONE:  # the batch met a row lock: wait for it alone
+        if row is RUN_ALONE:  # the batch met a row lock or failed as a whole
             row = await self._fetchrow("renew", *args)
         if row is not None:
             return task_from_row(row)

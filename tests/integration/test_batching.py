@@ -124,3 +124,55 @@ async def _locked_row_scene(stub, namespace, database_url, monitor):
         assert locked.lease.remaining_ttl.seconds >= 59
     finally:
         await locker.close()
+
+
+async def test_a_claim_the_database_refuses_fails_alone_not_its_batch(namespace, database_url):
+    # Ids of 1024 quote characters: the change notification (ids escaped as JSON)
+    # outgrows PostgreSQL's 8000-byte payload limit, so the database refuses the
+    # claim. Claims sent with it in one batch must not share its fate.
+    async with (
+        running_server(database_url, max_id_bytes=1024) as server,
+        grpc.aio.insecure_channel(server.target) as channel,
+    ):
+        stub = rpc.LeaseServiceStub(channel)
+        huge = '"' * 1024
+        bad = stub.Claim(
+            pb.ClaimRequest(namespace=huge, task_id=huge, owner_id=huge, request_id=huge)
+        )
+        good = [claim(stub, namespace, f"t{i}", f"owner-{i}") for i in range(30)]
+        results = await asyncio.gather(bad, *good, return_exceptions=True)
+    assert isinstance(results[0], grpc.aio.AioRpcError), results[0]
+    assert all(not isinstance(r, BaseException) and r.acquired for r in results[1:]), [
+        r for r in results[1:] if isinstance(r, BaseException) or not r.acquired
+    ]
+
+
+async def test_a_stalled_batch_gives_up_soon_and_the_next_renewal_goes_through(
+    server, stub, namespace, monitor
+):
+    import os
+    import signal
+    import time
+
+    from leasekeeper_server.store import BATCH_TIMEOUT_S
+
+    lease = await grant(stub, namespace, "t", "a", ttl_s=30)
+    await renew(stub, namespace, "t", "a", lease.fence, 30)  # the renewals' connection now exists
+    pid = await monitor.fetchval(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'leasekeeper'"
+        " AND query LIKE '-- The renewal of a batch%' AND datname = current_database()"
+    )
+    assert pid, "no connection has run renew_many"
+    os.kill(pid, signal.SIGSTOP)  # the backend hangs mid-protocol, as on a stalled host
+    try:
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await renew(stub, namespace, "t", "a", lease.fence, 30)
+        waited_s = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+    # The batch's own limit, not the 5 s statement timeout of single statements.
+    assert waited_s < BATCH_TIMEOUT_S + 1.5, waited_s
+    again = await renew(stub, namespace, "t", "a", lease.fence, 30)
+    assert again.lease.fence == lease.fence
