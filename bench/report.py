@@ -89,6 +89,13 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{_ratio(ours['rate'], etcd['rate'] if etcd else None)} |"
             )
     lines += before_after(points, scenarios, levels)
+    if results["quick"]:
+        lines += [
+            "",
+            "A quick run: windows of well under a second, 1,000 streams and small tables, to show",
+            "the suite works. Its figures are noisy and the targets below are judged on a full",
+            "run (make bench).",
+        ]
     lines += ["", *targets_table(results)]
     lines += ["", *scale_table(points)]
     return "\n".join(lines) + "\n"
