@@ -53,7 +53,7 @@ protos-check: node_modules/.installed ## buf lint, and buf breaking against the 
 protos-baseline: node_modules/.installed ## publish protos/ as the new breaking-change baseline
 	$(BUF) build -o $(BUF_BASELINE)
 
-bench: $(VENV)/.installed ## the benchmark suite (about 25 minutes): bench/results/results.{md,json,png}
+bench: $(VENV)/.installed ## the benchmark suite (about 15 minutes): bench/results/results.{md,json,png}
 	$(PY) -m bench.run
 
 bench-quick: $(VENV)/.installed ## the benchmark suite in short windows (under 2 minutes; CI runs it)
