@@ -40,7 +40,7 @@ class ServerTarget:
     log_path: Path
 
     def gauge(self, name: str) -> float | None:
-        """The value of an unlabelled metric the server exports, or None."""
+        """The value of an unlabelled metric (or counter sample) the server exports, or None."""
         with urllib.request.urlopen(self.metrics_url, timeout=5) as reply:
             for line in reply.read().decode().splitlines():
                 if line.startswith(name + " "):
@@ -48,12 +48,9 @@ class ServerTarget:
         return None
 
     def statements(self) -> float | None:
-        """Database statements the server has sent so far (its counter); None if not exported."""
-        with urllib.request.urlopen(self.metrics_url, timeout=5) as reply:
-            for line in reply.read().decode().splitlines():
-                if line.startswith("leasekeeper_db_statements_total "):
-                    return float(line.split()[1])
-        return None  # a server from before the counter (--baseline-src)
+        """Database statements the server has sent so far; None from a server without the
+        counter (an earlier version, --baseline-src)."""
+        return self.gauge("leasekeeper_db_statements_total")
 
 
 def _command() -> list[str]:

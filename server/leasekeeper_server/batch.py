@@ -75,8 +75,6 @@ class Coalescer(Generic[Item, Result]):
         self._drainer: asyncio.Task[None] | None = None
         self._last_start = float("-inf")  # loop time the last batch was sent
         self._busy = False  # calls arrived while the last batch ran
-        self.batches = 0  # statements sent, for tests and metrics
-        self.items = 0
 
     async def submit(self, item: Item) -> Result:
         """The result of ``item``, run in the next batch that has room for its key.
@@ -153,8 +151,6 @@ class Coalescer(Generic[Item, Result]):
                 future.set_result(self._duplicate(item))
 
     async def _send(self, batch: list[_Entry[Item, Result]]) -> None:
-        self.batches += 1
-        self.items += len(batch)
         try:
             results = await self._run([item for item, _ in batch])
         except Exception as exc:

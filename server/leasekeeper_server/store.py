@@ -136,11 +136,9 @@ def task_from_row(row: Mapping[str, Any]) -> Task:
 class Store:
     """Lease operations on PostgreSQL, one statement per decision."""
 
-    def __init__(
-        self, pool: asyncpg.Pool, settings: Settings, batch_pool: asyncpg.Pool | None = None
-    ) -> None:
+    def __init__(self, pool: asyncpg.Pool, settings: Settings, batch_pool: asyncpg.Pool) -> None:
         self._pool = pool
-        self._batch_pool = batch_pool if batch_pool is not None else pool
+        self._batch_pool = batch_pool
         self._settings = settings
         self._sql = queries.load()
         # Calls arriving together share one statement (batch.py). A claim of a
@@ -221,7 +219,7 @@ class Store:
             with contextlib.suppress(asyncpg.InterfaceError):  # released by the driver on close
                 await self._batch_pool.release(conn)
         self._batch_conns.clear()
-        for pool in {self._pool, self._batch_pool}:
+        for pool in (self._pool, self._batch_pool):
             try:
                 await asyncio.wait_for(pool.close(), self._settings.statement_timeout_s + 1.0)
             except _UNAVAILABLE:  # includes TimeoutError
@@ -331,8 +329,7 @@ class Store:
         rows = await self._batch_fetch(
             "get_tasks", [k.namespace for k in keys], [k.task_id for k in keys]
         )
-        found = {(r["namespace"], r["task_id"]): r for r in rows}
-        return [found.get((k.namespace, k.task_id)) for k in keys]
+        return _rows_by_task(rows, [(k.namespace, k.task_id) for k in keys])
 
     async def _claim_batch(self, claims: Sequence[tuple[Any, ...]]) -> list[asyncpg.Record | None]:
         return await self._batch("claim_many", claims)
@@ -341,6 +338,19 @@ class Store:
         self, renewals: Sequence[tuple[Any, ...]]
     ) -> list[asyncpg.Record | None]:
         return await self._batch("renew_many", renewals)
+
+    async def _batched(
+        self, coalescer: Coalescer[tuple[Any, ...], Any], single: str, args: tuple[Any, ...]
+    ) -> Any:
+        """The row for ``args``, sent with the calls of its batch.
+
+        Sent alone, as statement ``single``, when the batch met a row lock or
+        failed as a whole (RUN_ALONE); NOT_SENT passes through.
+        """
+        row = await coalescer.submit(args)
+        if row is RUN_ALONE:
+            row = await self._fetchrow(single, *args)
+        return row
 
     async def _batch(
         self, name: str, items: Sequence[tuple[Any, ...]]
@@ -364,8 +374,7 @@ class Store:
             if len(items) == 1:
                 raise
             return [RUN_ALONE] * len(items)
-        found = {(r["namespace"], r["task_id"]): r for r in rows}
-        return [found.get(_task_of(item)) for item in items]
+        return _rows_by_task(rows, [_task_of(item) for item in items])
 
     async def claim(
         self,
@@ -425,9 +434,7 @@ class Store:
                 row = await self._limited_claim(key, args, delay, take_token)
                 take_token = False  # one token per Claim call, however often it is tried
             else:
-                row = await self._claims.submit((*args, delay))
-                if row is RUN_ALONE:  # the batch met a row lock or failed as a whole
-                    row = await self._fetchrow("claim", *args, delay)
+                row = await self._batched(self._claims, "claim", (*args, delay))
             sent = row is not NOT_SENT
             tries += sent
             if row is not None and sent:
@@ -508,9 +515,7 @@ class Store:
             DatabaseUnavailable: UNAVAILABLE.
         """
         args = (ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, ttl)
-        row = await self._renewals.submit(args)
-        if row is RUN_ALONE:  # the batch met a row lock or failed as a whole
-            row = await self._fetchrow("renew", *args)
+        row = await self._batched(self._renewals, "renew", args)
         if row is not None:
             return task_from_row(row)
         raise await self._loss(ref)
@@ -632,6 +637,14 @@ def _usable(conn: asyncpg.Connection) -> bool:
         return not conn.is_closed()
     except asyncpg.InterfaceError:
         return False
+
+
+def _rows_by_task(
+    rows: Sequence[asyncpg.Record], tasks: Sequence[tuple[str, str]]
+) -> list[asyncpg.Record | None]:
+    """For each (namespace, task_id), its row among ``rows`` (a batch's answer), or None."""
+    found = {(r["namespace"], r["task_id"]): r for r in rows}
+    return [found.get(task) for task in tasks]
 
 
 def _task_of(args: tuple[Any, ...]) -> tuple[str, str]:
