@@ -116,13 +116,17 @@ async def held_row(db: asyncpg.Connection, namespace: str, task_id: str) -> asyn
 async def poll_until_ok(call: Callable[[], Awaitable[Any]], within_s: float) -> tuple[Any, float]:
     """Retries ``call`` on UNAVAILABLE until it succeeds; returns (reply, seconds taken)."""
     start = time.monotonic()
-    while True:
+
+    async def answered() -> Any:
         try:
-            return await call(), time.monotonic() - start
+            return (await call(),)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() - start > within_s:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
                 raise
-        await asyncio.sleep(0.1)
+            return None
+
+    (reply,) = await poll(answered, "an answer other than UNAVAILABLE", within_s, 0.1)
+    return reply, time.monotonic() - start
 
 
 @pytest.mark.parametrize("fault", FAULTS)

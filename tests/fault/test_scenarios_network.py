@@ -59,6 +59,7 @@ import pytest
 from leasekeeper import LeaseClient, LeaseUnavailable
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
+from tests import helpers
 from tests.conftest import RunningServer, running_server
 from tests.fault.dburl import database_address, proxied
 from tests.fault.processes import QUICK_OUTAGE_SETTINGS
@@ -78,17 +79,15 @@ def safety_margin_s(ttl_s: float) -> float:
 
 
 async def poll(probe: Callable[[], Any], what: str, within_s: float = STEP_TIMEOUT_S) -> float:
-    """Awaits ``probe()`` (sync or async) until truthy; returns the seconds it took."""
+    """Awaits ``probe()`` (sync or async) until truthy (tests.helpers.poll); returns the seconds."""
     start = time.monotonic()
-    while True:
+
+    async def probed() -> Any:
         value = probe()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return time.monotonic() - start
-        elapsed = time.monotonic() - start
-        assert elapsed < within_s, f"not {what} after {elapsed:.2f} s"
-        await asyncio.sleep(POLL_INTERVAL_S)
+        return await value if asyncio.iscoroutine(value) else value
+
+    await helpers.poll(probed, what, within_s, POLL_INTERVAL_S)
+    return time.monotonic() - start
 
 
 async def task_row(db: asyncpg.Connection, namespace: str, task_id: str) -> asyncpg.Record:

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.fault.processes import NOT_SERVING, SERVING, ServerProcess, server_env, server_process
-from tests.helpers import dur, error_info
+from tests.helpers import dur, error_info, poll
 
 pytestmark = [pytest.mark.timeout(45), pytest.mark.process]
 
@@ -59,12 +59,14 @@ async def held_row(db: asyncpg.Connection, namespace: str, task_id: str) -> tupl
 
 async def wait_blocked_on(db: asyncpg.Connection, within_s: float) -> None:
     """Waits until some session waits for a lock held by ``db``'s session."""
-    deadline = time.monotonic() + within_s
-    while not await db.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
-    ):
-        assert time.monotonic() < deadline, "the slow call never reached the row lock"
-        await asyncio.sleep(0.02)
+
+    async def blocked() -> int:
+        return await db.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+        )
+
+    await poll(blocked, "the slow call reached the row lock", within_s)
 
 
 class Scene:

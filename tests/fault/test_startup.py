@@ -8,7 +8,6 @@ answers, or exits with status 1 and one clear line when it never does.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from tests.fault.dburl import database_address, proxied
 from tests.fault.processes import server_env, spawn_server
 from tests.fault.proxy import tcp_proxy
+from tests.helpers import poll
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -28,10 +28,12 @@ async def test_serve_waits_for_an_unreachable_database_then_serves(
         env = server_env(proxied(database_url, proxy.port), startup_wait_s=30, connect_timeout_s=1)
         server = await spawn_server(tmp_path, env)
         try:
-            async with asyncio.timeout(15):
-                while server.logs().count("database unavailable at start") < 2:
-                    assert server.proc.returncode is None, server.logs()
-                    await asyncio.sleep(0.05)
+
+            async def retried_twice() -> bool:
+                assert server.proc.returncode is None, server.logs()
+                return server.logs().count("database unavailable at start") >= 2
+
+            await poll(retried_twice, "two start attempts logged", 15, 0.05)
             proxy.restore()
             await server.wait_serving(20)
         finally:

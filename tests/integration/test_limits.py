@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 
 import grpc
@@ -12,6 +11,7 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 from tests.helpers import dur, error_info
 from tests.integration.contract_helpers import (
     LEASE_ROWS,
+    backdate,
     claim,
     failure,
     grant,
@@ -77,16 +77,20 @@ async def test_claims_per_second_refuses_past_the_burst_with_retry_info(
 
 async def test_lock_delay_keeps_an_expired_task_unclaimable(server, stub, db, namespace):
     await set_limits(server, db, namespace, lock_delay=timedelta(seconds=1.5))
-    lease = await grant(stub, namespace, "t", "a", ttl_s=0.2)
-    expire = lease.expire_time.ToDatetime()
+    await grant(stub, namespace, "t", "a", ttl_s=30)
 
-    # Expired but inside the delay: not granted, and told how long is left.
-    while True:
-        reply = await claim(stub, namespace, "t", "b")
-        assert not reply.acquired, "granted inside the lock delay"
-        if reply.holder_remaining_ttl.ToTimedelta().total_seconds() == 0:
-            break  # the lease has expired on the database clock
-        await asyncio.sleep(0.05)
+    # Expired (backdated: no waiting) but inside the delay: not granted, and
+    # told how long is left.
+    await backdate(db, namespace, "t")
+    expire = (
+        await db.fetchval(
+            "SELECT expire_time FROM leasekeeper_tasks WHERE namespace = $1 AND task_id = 't'",
+            namespace,
+        )
+    ).replace(tzinfo=None)
+    reply = await claim(stub, namespace, "t", "b")
+    assert not reply.acquired, "granted inside the lock delay"
+    assert reply.holder_remaining_ttl.ToTimedelta().total_seconds() == 0
     assert 0 < reply.retry_after.ToTimedelta().total_seconds() <= 1.5
 
     waited = await stub.Claim(

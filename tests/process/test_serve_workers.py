@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from leasekeeper import LeaseClient, LeaseError
 from tests.fault.processes import ServerProcess, leasekeeper_command, server_env
+from tests.helpers import poll
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
 
@@ -102,13 +103,9 @@ async def acquired_claims(metrics_port: int, namespace: str) -> float | None:
 
 async def poll_until(predicate, what: str, logs) -> None:
     try:
-        async with asyncio.timeout(STEP_TIMEOUT_S):
-            while True:
-                if await predicate():
-                    return
-                await asyncio.sleep(POLL_S)
-    except TimeoutError:
-        raise AssertionError(f"{what} after {STEP_TIMEOUT_S} s\n{logs()}") from None
+        await poll(predicate, what, STEP_TIMEOUT_S, POLL_S)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{logs()}") from None
 
 
 class Connections:
@@ -189,10 +186,12 @@ async def serve_workers(
         )
     server = ServerProcess(proc, log_path)
     try:
-        async with asyncio.timeout(STARTUP_TIMEOUT_S):
-            while not (match := _ALL_SERVING.search(server.logs())):
-                assert proc.returncode is None, f"serve exited early:\n{server.logs()}"
-                await asyncio.sleep(POLL_S)
+
+        async def all_serving():
+            assert proc.returncode is None, f"serve exited early:\n{server.logs()}"
+            return _ALL_SERVING.search(server.logs())
+
+        match = await poll(all_serving, "all workers serving", STARTUP_TIMEOUT_S, POLL_S)
         server.port = int(match.group(1))
         await server.wait_serving(STEP_TIMEOUT_S)
         yield server
@@ -230,16 +229,17 @@ async def serve_elsewhere(
 
 async def claim_until_answered(client: LeaseClient, task_id: str) -> int:
     """Claims ``task_id`` through a connection whose worker may have died; the fence granted."""
-    async with asyncio.timeout(STEP_TIMEOUT_S):
-        while True:
-            try:
-                result = await client.claim(task_id, ttl=5.0)
-            except LeaseError:  # UNAVAILABLE while the channel reconnects
-                await asyncio.sleep(POLL_S)
-                continue
-            assert result.acquired and result.lease is not None
-            await client.release(task_id, result.lease.fence)
-            return result.lease.fence
+
+    async def answered():
+        try:
+            return await client.claim(task_id, ttl=5.0)
+        except LeaseError:  # UNAVAILABLE while the channel reconnects
+            return None
+
+    result = await poll(answered, f"a claim of {task_id} answered", STEP_TIMEOUT_S, POLL_S)
+    assert result.acquired and result.lease is not None
+    await client.release(task_id, result.lease.fence)
+    return result.lease.fence
 
 
 async def test_two_workers_share_one_port_and_database_restart_and_drain(

@@ -18,9 +18,11 @@ class Recorder:
         self.fail = fail
         self.release = asyncio.Event()
         self.release.set()
+        self.started = asyncio.Event()  # set when a batch starts
 
     async def run(self, items: Sequence[tuple[str, int]]) -> list[int]:
         self.batches.append(list(items))
+        self.started.set()
         await self.release.wait()
         if self.fail is not None:
             raise self.fail
@@ -40,11 +42,10 @@ async def test_calls_arriving_during_a_run_go_together_in_the_next() -> None:
     r.release.clear()
     c = Coalescer(r.run, key=lambda item: item[0])
     first = asyncio.ensure_future(c.submit(("a", 1)))
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    await r.started.wait()
     assert len(r.batches) == 1  # in flight
     later = [asyncio.ensure_future(c.submit((f"b{i}", i))) for i in range(10)]
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the ten calls are submitted
     assert len(r.batches) == 1  # at most one run in flight
     r.release.set()
     assert await first == 10
@@ -66,8 +67,7 @@ async def test_duplicates_are_answered_after_the_batch_of_the_first() -> None:
     c = Coalescer(r.run, key=lambda item: item[0], duplicate=lambda item: -1)
     first = asyncio.ensure_future(c.submit(("a", 1)))
     dup = asyncio.ensure_future(c.submit(("a", 2)))
-    for _ in range(3):
-        await asyncio.sleep(0)
+    await r.started.wait()
     assert not dup.done()  # not before the first's run returned
     r.release.set()
     assert (await first, await dup) == (10, -1)
@@ -98,11 +98,10 @@ async def test_a_cancelled_caller_is_left_out_of_the_batch() -> None:
     r.release.clear()
     c = Coalescer(r.run, key=lambda item: item[0])
     first = asyncio.ensure_future(c.submit(("a", 1)))
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    await r.started.wait()
     gone = asyncio.ensure_future(c.submit(("b", 2)))
     kept = asyncio.ensure_future(c.submit(("c", 3)))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: both calls are submitted
     gone.cancel()
     r.release.set()
     assert (await first, await kept) == (10, 30)
@@ -116,8 +115,7 @@ async def test_close_cancels_the_run_in_flight() -> None:
     r.release.clear()
     c = Coalescer(r.run, key=lambda item: item[0])
     waiting = asyncio.ensure_future(c.submit(("a", 1)))
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    await r.started.wait()
     await c.close()
     with pytest.raises(asyncio.CancelledError):
         await waiting
