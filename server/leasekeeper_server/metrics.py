@@ -260,12 +260,6 @@ class Metrics:
             buckets=LOSS_NOTICE_BUCKETS_S,
             registry=r,
         )
-        self.limit_rejections = Counter(
-            PREFIX + "limit_rejections",
-            "Calls refused RESOURCE_EXHAUSTED by a namespace limit, by reason.",
-            ["namespace", "reason"],
-            registry=r,
-        )
         self._held = _NamespaceGauges(((PREFIX + "leases_held", "Live leases by namespace."),))
         self._limits = _NamespaceGauges(
             (
@@ -282,6 +276,16 @@ class Metrics:
         )
         r.register(self._held)
         r.register(self._limits)
+        # Registered after the limit gauges, so a scrape (which collects in
+        # registration order) reads the gauges first: set_limits creates a
+        # namespace's rejection series before its gauges, so a scrape that
+        # sees the gauges also sees the series.
+        self.limit_rejections = Counter(
+            PREFIX + "limit_rejections",
+            "Calls refused RESOURCE_EXHAUSTED by a namespace limit, by reason.",
+            ["namespace", "reason"],
+            registry=r,
+        )
         pool = Gauge(
             PREFIX + "db_pool_connections",
             "Database pool connections by state (idle, in_use).",
@@ -394,8 +398,9 @@ class Metrics:
                 namespace left out has no series. Its ``limit_rejections_total``
                 series are created at 0.
         """
-        # The counters first: a scrape (another thread) that sees a namespace's
-        # limits then also sees its rejection series.
+        # The counters first: a scrape (another thread; it collects the gauges
+        # before the counters, see __init__) that sees a namespace's limits
+        # then also sees its rejection series.
         for namespace in limits:
             for reason in LIMIT_REASONS:
                 self.limit_rejections.labels(namespace, reason)
