@@ -270,7 +270,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
     right.set_ylim(bottom=0)
     right.set_xlabel("task rows in the table")
     right.set_ylabel("ops/s at 64 concurrent")
-    right.set_title("cost per call against the table size")
+    right.set_title("throughput against the table size (flat: the cost per call is)")
     if scaled:
         right.legend(fontsize=8)
     fig.suptitle(
