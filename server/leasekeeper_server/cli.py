@@ -19,7 +19,8 @@ and need only the thin client; ``tokens`` and ``limits`` write the database
 directly, found as ``migrate`` finds it. Listings print aligned tables by
 default (instants ISO 8601 UTC, durations in seconds) and JSON with ``--json``
 (one object per line, keys the proto's field names). Exit codes: 0 done, 1 a
-failed call (one line: the gRPC status code and message), 2 a usage error.
+failed call (one line: the gRPC status code and message), 2 a usage error,
+141 when standard output's reader went away (``| head``), as after SIGPIPE.
 """
 
 from __future__ import annotations
@@ -239,7 +240,28 @@ def tune_gc() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``leasekeeper`` command."""
+    """Entry point of the ``leasekeeper`` command; returns its exit code (module docstring)."""
+    try:
+        code = _command(argv)
+        sys.stdout.flush()  # here, where a reader that went away can still be answered
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Ends quietly when standard output's reader went away (``leasekeeper ... | head``).
+
+    Standard output is pointed at /dev/null so the interpreter's last flush
+    cannot raise again (Python's own advice, in the ``signal`` module's
+    documentation); the exit code is that of a tool killed by SIGPIPE.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
+
+
+def _command(argv: Sequence[str] | None) -> int:
     # The embedded PostgreSQL is driven through subprocesses; grpc's fork
     # handlers have nothing to do for fork+exec and only log noise about it.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")

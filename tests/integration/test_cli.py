@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from leasekeeper.v1 import lease_service_pb2 as pb
 from tests.helpers import dur
 from tests.integration.contract_helpers import backdate
@@ -222,6 +224,42 @@ async def test_leases_list_unreachable_server_prints_one_line_exits_1(unused_tcp
     assert code == 1
     assert err.startswith("leasekeeper: UNAVAILABLE:")
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("form", [(), ("--json",)], ids=["table", "json"])
+async def test_leases_list_into_a_closed_pipe_exits_141_without_a_traceback(
+    server, stub, namespace, form
+):
+    """`leasekeeper leases list | head -1`: the reader may go before the first line.
+
+    The command ends as a tool killed by SIGPIPE would (128 + 13), with nothing on stderr.
+    """
+    await _claim(stub, namespace, "t")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("LEASEKEEPER_TARGET", "LEASEKEEPER_TOKEN")
+    }
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "leasekeeper_server.cli",
+            "leases",
+            "list",
+            "-n",
+            namespace,
+            "--target",
+            server.target,
+            *form,
+            stdout=write_end,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+    finally:
+        os.close(write_end)
+    _, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
+    assert (proc.returncode, err.decode()) == (141, "")
 
 
 async def test_leases_list_target_comes_from_the_environment(server, stub, namespace):
