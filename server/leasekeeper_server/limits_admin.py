@@ -23,7 +23,7 @@ import asyncpg
 from . import queries, validate
 from .errors import InvalidArgument
 
-MAX_NAMESPACE_BYTES = 1024  # settings.max_id_bytes is at most this
+MAX_NAMESPACE_BYTES = 1024  # above any id a server allows (settings.MAX_ID_BYTES_LIMIT)
 MAX_LEASES_CAP = 2**31 - 1  # the column is a PostgreSQL integer
 MAX_CLAIMS_PER_SECOND = 1e9
 MAX_LOCK_DELAY_S = 86400.0 * 365

@@ -20,6 +20,17 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("leasekeeper")) / "pgdata"
 
 
+# The largest ``max_id_bytes`` PostgreSQL can carry. Namespace and task_id
+# together form the primary key (a btree entry holds at most 2704 bytes), and
+# every change notification (migration 0005) carries the namespace, task_id,
+# owner_id and claim request id, and a revoke reason of up to 1024 bytes, as
+# JSON within PostgreSQL's 8000-byte payload. JSON doubles a quote or a
+# backslash (ids hold no control characters), so the worst payload is
+# 2 * (4 * 640 + 1024) bytes plus about 450 of keys and values: 7,585 bytes
+# measured (tests/integration/test_watch.py sends it).
+MAX_ID_BYTES_LIMIT = 640
+
+
 class Settings(BaseSettings):
     """The service's settings; each field maps to ``LEASEKEEPER_<FIELD>``."""
 
@@ -68,11 +79,11 @@ class Settings(BaseSettings):
         description="Heartbeat beats sooner than this (or ttl/3, if shorter) after the last "
         "renewal are answered without a database write.",
     )
-    # Bounded by PostgreSQL: namespace and task_id together form the primary
-    # key (a btree entry holds at most 2704 bytes), and a lease notification's
-    # payload (at most 8000 bytes) carries both.
     max_id_bytes: int = Field(
-        default=256, ge=1, le=1024, description="Longest namespace, task_id or owner_id (UTF-8)."
+        default=256,
+        ge=1,
+        le=MAX_ID_BYTES_LIMIT,
+        description="Longest namespace, task_id or owner_id (UTF-8).",
     )
     max_effect_result_bytes: int = Field(
         default=65536,

@@ -51,7 +51,7 @@ TOKEN_ID_LENGTH = 10
 _TOKEN_ID_ALPHABET = string.ascii_letters + string.digits
 _TOKEN = re.compile(r"^lk_([A-Za-z0-9]{8,12})_([A-Za-z0-9_-]{43,})$")
 MAX_NAME_CHARS = 200
-MAX_NAMESPACE_PATTERN_BYTES = 1024  # the largest id a server allows (settings.max_id_bytes)
+MAX_NAMESPACE_PATTERN_BYTES = 1024  # above any id a server allows (settings.MAX_ID_BYTES_LIMIT)
 
 _COLUMNS = "token_id, name, role, namespaces, create_time, expire_time, revoke_time"
 

@@ -126,21 +126,32 @@ async def _locked_row_scene(stub, namespace, database_url, monitor):
         await locker.close()
 
 
-async def test_a_claim_the_database_refuses_fails_alone_not_its_batch(namespace, database_url):
-    # Ids of 1024 quote characters: the change notification (ids escaped as JSON)
-    # outgrows PostgreSQL's 8000-byte payload limit, so the database refuses the
-    # claim. Claims sent with it in one batch must not share its fate.
-    async with (
-        running_server(database_url, max_id_bytes=1024) as server,
-        grpc.aio.insecure_channel(server.target) as channel,
-    ):
-        stub = rpc.LeaseServiceStub(channel)
-        huge = '"' * 1024
-        bad = stub.Claim(
-            pb.ClaimRequest(namespace=huge, task_id=huge, owner_id=huge, request_id=huge)
-        )
+async def test_a_claim_the_database_refuses_fails_alone_not_its_batch(
+    server, stub, namespace, database_url
+):
+    # A trigger makes the database refuse one task's row, as it would refuse a
+    # value past one of its limits. Claims sent with it in one batch must not
+    # share its fate.
+    admin = await asyncpg.connect(database_url)
+    name = f"refuse_{abs(hash(namespace)):x}"
+    await admin.execute(
+        f"""CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.namespace = '{namespace}' AND NEW.task_id = 'refused' THEN
+                    RAISE EXCEPTION 'refused by the test';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER {name} BEFORE INSERT OR UPDATE ON leasekeeper_tasks
+                FOR EACH ROW EXECUTE FUNCTION {name}();"""
+    )
+    try:
+        bad = claim(stub, namespace, "refused", "owner-x")
         good = [claim(stub, namespace, f"t{i}", f"owner-{i}") for i in range(30)]
         results = await asyncio.gather(bad, *good, return_exceptions=True)
+    finally:
+        await admin.execute(f"DROP TRIGGER {name} ON leasekeeper_tasks; DROP FUNCTION {name}()")
+        await admin.close()
     assert isinstance(results[0], grpc.aio.AioRpcError), results[0]
     assert all(not isinstance(r, BaseException) and r.acquired for r in results[1:]), [
         r for r in results[1:] if isinstance(r, BaseException) or not r.acquired

@@ -8,6 +8,7 @@ import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
+from leasekeeper_server.settings import MAX_ID_BYTES_LIMIT
 from tests.conftest import running_server
 from tests.helpers import dur, poll
 from tests.integration.contract_helpers import grant, release
@@ -158,3 +159,43 @@ async def test_an_expiry_taken_over_by_a_claim_before_the_sweep_is_announced_onc
             assert events[1].lease.owner_id == "a"
             assert events[1].event_time == first.expire_time
             stream.cancel()
+
+
+async def test_the_longest_ids_of_quotes_still_reach_watchers(database_url, namespace):
+    """The worst change notification fits PostgreSQL's 8000-byte payload (settings.py).
+
+    Ids of the longest allowed size, all quote characters (each doubled as
+    JSON), and a revoke reason of 1024 backslashes (doubled too): the claim
+    and the revoke succeed, and a watcher receives both events intact.
+    """
+
+    def longest(prefix: str) -> str:
+        return prefix + '"' * (MAX_ID_BYTES_LIMIT - len(prefix))
+
+    ns, task, owner = longest(namespace), longest("t"), longest("o")
+    reason = "\\" * 1024
+    async with (
+        running_server(database_url, max_id_bytes=MAX_ID_BYTES_LIMIT) as server,
+        grpc.aio.insecure_channel(server.target) as channel,
+    ):
+        stub = rpc.LeaseServiceStub(channel)
+        stream = stub.Watch(pb.WatchRequest(namespace=ns, task_id=task))
+        assert (await next_event(stream)).type == T.TASK_EVENT_TYPE_SNAPSHOT
+        reply = await stub.Claim(
+            pb.ClaimRequest(
+                namespace=ns, task_id=task, owner_id=owner, request_id=longest("r"), ttl=dur(30)
+            )
+        )
+        assert reply.acquired
+        claimed = await next_event(stream)
+        assert claimed.type == T.TASK_EVENT_TYPE_CLAIMED
+        assert (claimed.lease.namespace, claimed.lease.task_id, claimed.lease.owner_id) == (
+            ns,
+            task,
+            owner,
+        )
+        await stub.Revoke(pb.RevokeRequest(namespace=ns, task_id=task, reason=reason))
+        revoked = await next_event(stream)
+        assert revoked.type == T.TASK_EVENT_TYPE_REVOKED
+        assert (revoked.lease.revoke_reason, revoked.lease.owner_id) == (reason, owner)
+        stream.cancel()

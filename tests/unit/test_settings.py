@@ -15,7 +15,7 @@ from leasekeeper_server.settings import Settings
         ({"default_ttl_s": 7200.0}, "default_ttl_s <= max_ttl_s"),
         ({"max_runtime_s": 0.5}, "min_ttl_s <= max_runtime_s"),
         ({"pool_min_size": 5, "pool_max_size": 2}, "pool_min_size <= pool_max_size"),
-        ({"max_id_bytes": 4096}, "less than or equal to 1024"),
+        ({"max_id_bytes": 641}, "less than or equal to 640"),
         ({"listen": "0.0.0.0:94517"}, "(?s)listen.*port in 0..65535"),
         ({"metrics_listen": "0.0.0.0:-1"}, "(?s)metrics_listen.*port in 0..65535"),
         ({"health_listen": "9459"}, "(?s)health_listen.*not host:port"),
