@@ -27,6 +27,33 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def own_cpu_seconds() -> float:
+    """User + system CPU time, seconds, of this process (all its threads)."""
+    times = os.times()
+    return times.user + times.system
+
+
+def command_cpu_seconds(command: str) -> float:
+    """User + system CPU time, seconds, of every live process whose command name is ``command``.
+
+    For PostgreSQL (``postgres``: the postmaster and every backend), whichever
+    databases they serve: on a quiet machine, the cost of the run's database.
+    """
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            head, tail = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if head.split("(", 1)[1] != command:
+            continue
+        fields = tail.split()
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICKS_PER_S
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size, bytes, of process ``pid`` and its live child processes."""
     total = 0

@@ -88,6 +88,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{_num(etcd['rate'] if etcd else None)} | "
                 f"{_ratio(ours['rate'], etcd['rate'] if etcd else None)} |"
             )
+    lines += cpu_budget(points, scenarios, results["machine"]["cpus"])
     lines += before_after(points, scenarios, levels)
     if results["quick"]:
         lines += [
@@ -99,6 +100,49 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", *targets_table(results)]
     lines += ["", *scale_table(points)]
     return "\n".join(lines) + "\n"
+
+
+def _total(point: Point | None, *keys: str) -> float | None:
+    if point is None or any(point.get(k) is None for k in keys):
+        return None
+    return sum(point[k] for k in keys)
+
+
+def cpu_budget(points: list[Point], scenarios: list[str], cpus: int, level: int = 64) -> list[str]:
+    """CPU per call of every process at ``level`` concurrent: where each call's cost goes.
+
+    Load generator, server and PostgreSQL share the machine's cores, so
+    ``cpus`` seconds of CPU per second over the total CPU per call bounds the
+    rate a scenario can reach here, whatever the server does with its share.
+    """
+    rows = []
+    for scenario in scenarios:
+        ours = _find(points, "leasekeeper", scenario, level)
+        ref = _find(points, "reference", scenario, level)
+        keys = ("client_cpu_ms_per_call", "cpu_ms_per_call", "db_cpu_ms_per_call")
+        ours_total, ref_total = _total(ours, *keys), _total(ref, *keys)
+        if ours is None or ref is None or ours_total is None or ref_total is None:
+            continue
+        rows.append(
+            f"| {TITLES.get(scenario, scenario)} | {_num(ours[keys[0]], '{:.3f}')} | "
+            f"{_num(ours[keys[1]], '{:.3f}')} | {_num(ours[keys[2]], '{:.3f}')} | "
+            f"{ours_total:.3f} | {_num(cpus * 1000 / ours_total)} | "
+            f"{_num(ref[keys[0]], '{:.3f}')} | {_num(ref[keys[1]], '{:.3f}')} | "
+            f"{ref_total:.3f} | {_num(cpus * 1000 / ref_total)} |"
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        f"Where the CPU goes at {level} concurrent: ms of CPU per call of the load generator "
+        "(client), the server and PostgreSQL (every postgres process), and the rate their sum "
+        f"allows on {cpus} cores (bound = {cpus} s of CPU per second / total):",
+        "",
+        "| scenario | client | server | PostgreSQL | total | bound ops/s | "
+        "reference client | reference server | reference total | reference bound ops/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+    ]
 
 
 def before_after(points: list[Point], scenarios: list[str], levels: list[int]) -> list[str]:

@@ -48,7 +48,12 @@ import asyncpg  # noqa: E402
 from bench import report, scale, scenarios  # noqa: E402
 from bench.fleet import run_fleet  # noqa: E402
 from bench.loadgen import Op, Sample, closed_loop  # noqa: E402
-from bench.procstat import cpu_seconds, rss_bytes  # noqa: E402
+from bench.procstat import (  # noqa: E402
+    command_cpu_seconds,
+    cpu_seconds,
+    own_cpu_seconds,
+    rss_bytes,
+)
 from bench.servers import (  # noqa: E402
     ServerTarget,
     bench_database,
@@ -72,6 +77,8 @@ class Point:
     calls: int
     errors: dict[str, int]
     cpu_ms_per_call: float | None = None
+    client_cpu_ms_per_call: float | None = None
+    db_cpu_ms_per_call: float | None = None
     statements_per_call: float | None = None
     transactions_per_call: float | None = None
     rows: int | None = None
@@ -115,9 +122,11 @@ async def measure(
     cpu0 = cpu_seconds(pid) if pid else None
     st0 = server.statements() if server else None
     tx0 = await database_transactions(database_url) if database_url else None
+    client0, db0 = own_cpu_seconds(), command_cpu_seconds("postgres")
     sample: Sample = await closed_loop(
         op, concurrency, duration_s or plan.duration_s, plan.warmup_s
     )
+    client1, db1 = own_cpu_seconds(), command_cpu_seconds("postgres")
     calls = max(sample.all_calls, 1)
     point = Point(
         target,
@@ -131,6 +140,8 @@ async def measure(
     )
     if pid and cpu0 is not None:
         point.cpu_ms_per_call = (cpu_seconds(pid) - cpu0) * 1000 / calls
+    point.client_cpu_ms_per_call = (client1 - client0) * 1000 / calls
+    point.db_cpu_ms_per_call = (db1 - db0) * 1000 / calls
     st1 = server.statements() if server else None
     if st0 is not None and st1 is not None:
         point.statements_per_call = (st1 - st0) / calls
@@ -142,6 +153,7 @@ async def measure(
         f"p50 {point.p50_ms:6.2f} ms p99 {point.p99_ms:6.2f} ms"
         + (f" cpu {point.cpu_ms_per_call:.3f} ms/call" if point.cpu_ms_per_call else "")
         + (f" stmt {point.statements_per_call:.2f}/call" if point.statements_per_call else "")
+        + f" client cpu {point.client_cpu_ms_per_call:.3f} db cpu {point.db_cpu_ms_per_call:.3f}"
         + (f" errors {point.errors}" if point.errors else ""),
         flush=True,
     )
