@@ -54,10 +54,10 @@ def test_cpu_budget_sums_every_process_and_bounds_the_rate_by_the_cores() -> Non
     points = [_point("leasekeeper", 0.4, 0.6, 0.2), _point("reference", 0.3, 0.5, 0.0)]
     lines = cpu_budget(points, ["renew"], cpus=2)
     row = [cell.strip() for cell in lines[-1].strip("|").split("|")]
-    # client, server, PostgreSQL, total, bound; reference client, server, total, bound
+    # client, server, PostgreSQL, total, bound; the reference's; the reference's total / ours
     ours = ["0.400", "0.600", "0.200", "1.200", "1,667"]
-    reference = ["0.300", "0.500", "0.800", "2,500"]
-    assert row == ["Renew", *ours, *reference]
+    reference = ["0.300", "0.500", "0.000", "0.800", "2,500"]
+    assert row == ["Renew", *ours, *reference, "0.67"]
 
 
 def test_cpu_budget_leaves_out_a_run_without_cpu_figures() -> None:
