@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import helpers
 from tests.fault.proxy import TcpProxy, tcp_proxy
 
 pytestmark = [pytest.mark.timeout(15)]
@@ -139,10 +140,12 @@ class Client:
 
 
 async def poll(probe: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + STEP_TIMEOUT_S
-    while not probe():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
+    """``tests.helpers.poll`` for a synchronous probe of the proxy's own state."""
+
+    async def check() -> bool:
+        return probe()
+
+    await helpers.poll(check, what, STEP_TIMEOUT_S, 0.005)
 
 
 async def roundtrip(server: EchoServer, proxy: TcpProxy, payload: bytes = b"ping") -> Client:

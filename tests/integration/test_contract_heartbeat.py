@@ -449,10 +449,11 @@ async def test_heartbeat_stopped_beating_and_rival_claims_ends_within_a_second_o
     ending = asyncio.ensure_future(stream_end(call))
     async with grpc.aio.insecure_channel(server.target) as channel:
         rival = rpc.LeaseServiceStub(channel)
-        for _ in range(500):  # poll: the rival is granted once the database says expired
-            if (await claim(rival, namespace, "t", "b")).acquired:
-                break
-            await asyncio.sleep(0.01)
+
+        async def rival_granted() -> bool:  # once the database says the lease expired
+            return bool((await claim(rival, namespace, "t", "b")).acquired)
+
+        await poll(rival_granted, "the rival's grant", within_s=5.0, interval_s=0.01)
         end = await ending
 
     assert end.code == grpc.StatusCode.ABORTED

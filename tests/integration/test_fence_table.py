@@ -29,6 +29,7 @@ from leasekeeper.fence_table import (
     ensure_schema_asyncpg,
     ensure_schema_sqlite,
 )
+from tests.helpers import poll
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -316,11 +317,11 @@ def test_accept_fence_sqlite_second_connection_sees_committed_higher_fence(sqlit
 
 async def _wait_until_blocked(observer: asyncpg.Connection, pid: int) -> None:
     """Poll until backend ``pid`` waits for a lock held by another backend."""
-    async with asyncio.timeout(WAIT_TIMEOUT_S):
-        while True:
-            if await observer.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid):
-                return
-            await asyncio.sleep(POLL_INTERVAL_S)
+
+    async def blocked() -> bool:
+        return bool(await observer.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid))
+
+    await poll(blocked, f"backend {pid} waiting for a lock", WAIT_TIMEOUT_S, POLL_INTERVAL_S)
 
 
 @pytest.mark.parametrize("existing", [False, True], ids=["new-task", "task-seen-before"])

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from demo import Child
 
+from tests.helpers import poll
+
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 POLL_INTERVAL_S = 0.02
 STEP_TIMEOUT_S = 15.0
@@ -65,8 +67,5 @@ class Scene:
 
 async def poll_until(probe: Callable[[], Awaitable[bool]]) -> None:
     """Await ``probe()`` every 20 ms until it is true; at most a step's timeout (15 s)."""
-    async with asyncio.timeout(STEP_TIMEOUT_S):
-        while True:
-            if await probe():
-                return
-            await asyncio.sleep(POLL_INTERVAL_S)
+    async with asyncio.timeout(STEP_TIMEOUT_S):  # also bounds a probe that hangs
+        await poll(probe, "a scene's condition", STEP_TIMEOUT_S, POLL_INTERVAL_S)
