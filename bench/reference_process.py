@@ -32,19 +32,21 @@ class Target:
 async def stop(process: asyncio.subprocess.Process, grace_s: float = 5.0) -> None:
     """Stops a process started with ``start_new_session=True``: SIGTERM, then SIGKILL.
 
+    The whole process group is signalled, so children the leader started (the
+    workers of ``serve --workers``) stop too, even after the leader exited.
+
     Args:
         process: the child process (the leader of its own process group).
         grace_s: seconds it is given to exit after SIGTERM before it is killed.
     """
-    if process.returncode is None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), grace_s)
+    except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), grace_s)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

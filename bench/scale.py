@@ -48,6 +48,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from leasekeeper_server import queries  # noqa: E402
 from leasekeeper_server.migrate import migrate  # noqa: E402
+from leasekeeper_server.store import LIST_SCAN_BUDGET  # noqa: E402
 
 LOCAL_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # Rows per INSERT (one transaction each): keeps memory and WAL per commit bounded.
@@ -318,7 +319,6 @@ TASKS_PKEY = "leasekeeper_tasks_pkey"
 UNSWEPT = "leasekeeper_tasks_unswept"
 EFFECTS_PKEY = "leasekeeper_effects_pkey"
 PAGE = 101  # a ListLeases page of 100 asks for one more row, to know whether a next page exists
-SCAN_BUDGET = 1000  # the most tasks one ListLeases call reads (Store.list_tasks)
 TTL = timedelta(seconds=30)
 BUDGET = timedelta(hours=1)
 NO_DELAY = timedelta(0)
@@ -391,7 +391,6 @@ async def probes(conn: asyncpg.Connection, namespace: str = "bench-scale") -> li
         Probe("renew_many (1)", "renew_many", _columns([(*lease, TTL)]), one),
         Probe(f"renew_many ({BATCH})", "renew_many", renewals, one, batched),
         Probe("release", "release", (*lease, False), one),
-        Probe("get_task", "get_task", (ns, task), one),
         Probe("get_tasks (1)", "get_tasks", ([ns], [task]), one),
         Probe(f"get_tasks ({BATCH})", "get_tasks", reads, one, batched),
         Probe("lock_lease", "lock_lease", (ns, task), one),
@@ -403,14 +402,20 @@ async def probes(conn: asyncpg.Connection, namespace: str = "bench-scale") -> li
             "complete_effect", "complete_effect", (*effect, fence, "succeeded", False, b""), ledger
         ),
         Probe("list_effects", "list_effects", (ns, task, "", PAGE, None), (EFFECTS_PKEY,), listed),
-        Probe("list_tasks", "list_tasks", (ns, "", PAGE, None, None, SCAN_BUDGET), one, listed),
+        Probe(
+            "list_tasks", "list_tasks", (ns, "", PAGE, None, None, LIST_SCAN_BUDGET), one, listed
+        ),
     ]
     for state in ("HELD", "EXPIRED", "FREE", "COMPLETED"):
-        args = (ns, "", PAGE, state, None, SCAN_BUDGET)
+        args = (ns, "", PAGE, state, None, LIST_SCAN_BUDGET)
         found.append(Probe(f"list_tasks state={state}", "list_tasks", args, one, listed))
     found += [
         Probe(
-            "list_tasks owner=", "list_tasks", (ns, "", PAGE, None, owner, SCAN_BUDGET), one, listed
+            "list_tasks owner=",
+            "list_tasks",
+            (ns, "", PAGE, None, owner, LIST_SCAN_BUDGET),
+            one,
+            listed,
         ),
         Probe(
             "count_live_leases (limit 100)",
@@ -725,7 +730,8 @@ async def renewal_window(
     return delta
 
 
-async def _admin(admin_url: str, sql: str) -> Any:
+async def run_admin(admin_url: str, sql: str) -> Any:
+    """Runs one statement on its own connection (CREATE/DROP DATABASE); returns its value."""
     conn = await asyncpg.connect(admin_url)
     try:
         return await conn.fetchval(sql)
@@ -751,7 +757,7 @@ async def measure_size(admin_url: str, rows: int, keep: bool, runs: int) -> tupl
     """
     name = f"leasekeeper_scale_{rows}"
     url = urlsplit(admin_url)._replace(path=f"/{name}").geturl()
-    exists = await _admin(admin_url, f"SELECT 1 FROM pg_database WHERE datname = '{name}'")
+    exists = await run_admin(admin_url, f"SELECT 1 FROM pg_database WHERE datname = '{name}'")
     seed_s: float | None = None
     if exists and keep:
         conn = await asyncpg.connect(url)
@@ -764,8 +770,8 @@ async def measure_size(admin_url: str, rows: int, keep: bool, runs: int) -> tupl
             await conn.close()
         exists = bool(seeded)
     if not (exists and keep):
-        await _admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await _admin(admin_url, f'CREATE DATABASE "{name}"')
+        await run_admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await run_admin(admin_url, f'CREATE DATABASE "{name}"')
         await migrate(url)
         started = time.perf_counter()
         await seed(url, rows)
@@ -873,7 +879,7 @@ async def run(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         if not args.keep:
             for url in urls:
                 name = urlsplit(url).path.lstrip("/")
-                await _admin(args.admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                await run_admin(args.admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return report(results, hot), _figures(results, hot)
 
 

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import os
 import re
-import signal
 import sys
 import tempfile
 import time
@@ -23,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
+
+from bench.reference_process import stop
 
 _PORT_LINE = re.compile(r"serving on \S+ \(port (\d+)\)")
 _METRICS_LINE = re.compile(r"metrics on http://\S+ \(port (\d+)\)")
@@ -109,14 +110,7 @@ async def leasekeeper_server(
             f"127.0.0.1:{port}", proc.pid, f"http://127.0.0.1:{metrics_port}/metrics", log_path
         )
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 15)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+        await stop(proc, grace_s=15)
 
 
 @contextlib.asynccontextmanager

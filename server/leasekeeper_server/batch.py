@@ -73,8 +73,6 @@ class Coalescer(Generic[Item, Result]):
         self._duplicate = duplicate
         self._pending: list[_Entry[Item, Result]] = []
         self._drainer: asyncio.Task[None] | None = None
-        self._last_start = float("-inf")  # loop time the last batch was sent
-        self._busy = False  # calls arrived while the last batch ran
 
     async def submit(self, item: Item) -> Result:
         """The result of ``item``, run in the next batch that has room for its key.
@@ -91,30 +89,38 @@ class Coalescer(Generic[Item, Result]):
         return await future
 
     async def close(self) -> None:
-        """Cancels the batch in flight (its callers see CancelledError); for shutdown."""
+        """Cancels the batch in flight and the calls waiting for the next; for shutdown.
+
+        Their callers see CancelledError.
+        """
         drainer = self._drainer
         if drainer is not None:
             drainer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await drainer
+        for _, future in self._pending:
+            future.cancel()
+        self._pending = []
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
+        last_start: float | None = None  # loop time this drainer sent its last batch
         try:
             while self._pending:
-                # Busy (calls came while the last batch ran): at most one batch
-                # per tick, and the calls arriving meanwhile gather.
-                wait_s = self._last_start + self._tick_s - loop.time()
-                if self._busy and wait_s > 0:
-                    await asyncio.sleep(wait_s)
+                # Busy (this drainer already sent a batch, and calls came while
+                # it ran): at most one batch per tick, and the calls arriving
+                # meanwhile gather. A drainer's first batch goes at once.
+                if last_start is not None:
+                    wait_s = last_start + self._tick_s - loop.time()
+                    if wait_s > 0:
+                        await asyncio.sleep(wait_s)
                 batch, duplicates = self._take()
                 if batch:
-                    self._last_start = loop.time()
+                    last_start = loop.time()
                     try:
                         await self._send(batch)
                     finally:
                         self._answer_duplicates(duplicates)
-                    self._busy = bool(self._pending)
         finally:
             self._drainer = None
 
@@ -145,10 +151,13 @@ class Coalescer(Generic[Item, Result]):
         return batch, duplicates
 
     def _answer_duplicates(self, duplicates: list[_Entry[Item, Result]]) -> None:
-        assert self._duplicate is not None or not duplicates
+        if not duplicates:
+            return
+        duplicate = self._duplicate
+        assert duplicate is not None  # _take keeps no duplicates without it
         for item, future in duplicates:
-            if not future.done() and self._duplicate is not None:
-                future.set_result(self._duplicate(item))
+            if not future.done():
+                future.set_result(duplicate(item))
 
     async def _send(self, batch: list[_Entry[Item, Result]]) -> None:
         try:

@@ -9,7 +9,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from leasekeeper.v1 import lease_service_pb2 as pb
 
 from .effects import BeginDecision, Effect, EffectPolicy, EffectState
-from .model import LossReason, Task, TaskState
+from .model import ZERO, LossReason, Task, TaskState
 
 # Domain enum -> proto enum value, by name (the proto's values carry a prefix).
 _STATE: dict[TaskState, pb.TaskState] = {s: getattr(pb, f"TASK_STATE_{s.value}") for s in TaskState}
@@ -45,7 +45,7 @@ def timestamp(instant: datetime) -> timestamp_pb2.Timestamp:
 
 def duration(span: timedelta) -> duration_pb2.Duration:
     """A Duration of a timedelta (microseconds), built in one call (see ``timestamp``)."""
-    if span < timedelta(0):  # seconds and nanos must share the sign: the library's way
+    if span < ZERO:  # seconds and nanos must share the sign: the library's way
         message = duration_pb2.Duration()
         message.FromTimedelta(span)
         return message
@@ -92,7 +92,7 @@ def effect(record: Effect) -> pb.Effect:
         result=record.result,
         attempts=record.attempts,
     )
-    msg.begin_time.FromDatetime(record.begin_time)
+    msg.begin_time.CopyFrom(timestamp(record.begin_time))
     if record.complete_time is not None:
-        msg.complete_time.FromDatetime(record.complete_time)
+        msg.complete_time.CopyFrom(timestamp(record.complete_time))
     return msg

@@ -109,6 +109,8 @@ class _Stream:
         self._context = context
         self._ref: validate.LeaseRef | None = None
         self._ttl = timedelta(seconds=settings.default_ttl_s)
+        self._renew_interval_s = 0.0  # beats sooner than this after a renewal are not written
+        self._names: tuple[tuple[str, str], ...] = ()  # the first message's ids, by field
         self._task: Task | None = None  # the last read of the lease (renewal or check)
         self._seen_at = 0.0  # monotonic, when that read was answered
         self._renewed_at = 0.0  # monotonic, when the last renewal was answered
@@ -121,7 +123,12 @@ class _Stream:
         check_parsed(first)
         self._ref = validate.lease_ref(first, self._settings)
         auth.authorize_namespace(self._ref.key.namespace)
-        self._ttl = validate.ttl(first, self._settings)
+        self._names = (
+            ("namespace", self._ref.key.namespace),
+            ("task_id", self._ref.key.task_id),
+            ("owner_id", self._ref.owner_id),
+        )
+        self._set_ttl(validate.ttl(first, self._settings))
         await self._renew()
 
         # Beats are read and answered here, one after another, with nothing
@@ -199,23 +206,22 @@ class _Stream:
         check_parsed(message)
         self._check_same_lease(message)
         if message.HasField("ttl"):
-            self._ttl = validate.ttl(message, self._settings)
-        # A short ttl shortens the interval too: a lease must be renewable
-        # several times within its ttl, however the server is configured.
-        interval_s = min(self._settings.min_renew_interval_s, self._ttl.total_seconds() / 3)
-        if time.monotonic() - self._renewed_at < interval_s:
+            self._set_ttl(validate.ttl(message, self._settings))
+        if time.monotonic() - self._renewed_at < self._renew_interval_s:
             await self._reply(renewed=False)
         else:
             await self._renew()
 
+    def _set_ttl(self, ttl: timedelta) -> None:
+        self._ttl = ttl
+        # A short ttl shortens the interval too: a lease must be renewable
+        # several times within its ttl, however the server is configured.
+        self._renew_interval_s = min(self._settings.min_renew_interval_s, ttl.total_seconds() / 3)
+
     def _check_same_lease(self, message: pb.HeartbeatRequest) -> None:
         ref = self._ref
         assert ref is not None
-        for field, mine in (
-            ("namespace", ref.key.namespace),
-            ("task_id", ref.key.task_id),
-            ("owner_id", ref.owner_id),
-        ):
+        for field, mine in self._names:
             value = getattr(message, field)
             if value and value != mine:
                 raise InvalidArgument(field, "names another lease than this stream's first message")

@@ -62,6 +62,16 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
+# The driver gave up on an answer (the connection may be black-holed) or lost
+# the protocol's state: the connection is dropped, never handed back to a pool.
+_DROP_CONNECTION: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    asyncpg.exceptions.InternalClientError,
+)
+
+# The most tasks one ListLeases call reads, however rare its filter's matches.
+LIST_SCAN_BUDGET = 1000
+
 # A connection that died underneath (seen only when next used).
 _CONNECTION_LOST: tuple[type[BaseException], ...] = (
     OSError,
@@ -231,10 +241,7 @@ class Store:
             async with self._pool.acquire(timeout=self._settings.connect_timeout_s) as conn:
                 try:
                     yield conn
-                except (TimeoutError, asyncpg.exceptions.InternalClientError):
-                    # The driver gave up on an answer (the connection may be
-                    # black-holed) or lost the protocol's state: drop the
-                    # connection rather than hand it back to the pool.
+                except _DROP_CONNECTION:
                     conn.terminate()
                     raise
 
@@ -262,8 +269,8 @@ class Store:
                 try:
                     rows: list[asyncpg.Record] = await conn.fetch(sql, *args)
                 except BaseException as exc:
-                    if isinstance(exc, (TimeoutError, asyncpg.exceptions.InternalClientError)):
-                        conn.terminate()  # see _connection
+                    if isinstance(exc, _DROP_CONNECTION):
+                        conn.terminate()
                     with contextlib.suppress(asyncpg.InterfaceError):  # the driver did already
                         await self._batch_pool.release(conn)
                     if (
@@ -556,11 +563,10 @@ class Store:
         limit: int,
         state: TaskState | None,
         owner_id: str | None = None,
-        scan_budget: int = 1000,
     ) -> tuple[list[Task], str | None]:
         """Up to ``limit`` matching tasks of a namespace after ``after_task_id``, by task_id.
 
-        One call reads at most ``max(scan_budget, limit)`` tasks of the
+        One call reads at most ``max(LIST_SCAN_BUDGET, limit)`` tasks of the
         namespace, however rare the filter's matches (its cost never follows
         the namespace's size).
 
@@ -569,7 +575,7 @@ class Store:
             when the read stopped at its budget with fewer than ``limit``
             matches (the next page starts after it), else None.
         """
-        budget = max(scan_budget, limit)
+        budget = max(LIST_SCAN_BUDGET, limit)
         rows = await self.fetch(
             "list_tasks",
             namespace,

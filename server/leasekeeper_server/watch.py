@@ -60,9 +60,9 @@ def event_message(data: dict[str, Any]) -> pb.TaskEvent | None:
     if kind is None:
         return None
     task = task_of_event(data)
-    message = pb.TaskEvent(type=kind, lease=convert.lease(task))
-    message.event_time.FromDatetime(task.db_now)
-    return message
+    return pb.TaskEvent(
+        type=kind, lease=convert.lease(task), event_time=convert.timestamp(task.db_now)
+    )
 
 
 def snapshot_message(task: Task | None, key: TaskKey | None) -> pb.TaskEvent:
@@ -70,7 +70,7 @@ def snapshot_message(task: Task | None, key: TaskKey | None) -> pb.TaskEvent:
     message = pb.TaskEvent(type=pb.TASK_EVENT_TYPE_SNAPSHOT)
     if task is not None:
         message.lease.CopyFrom(convert.lease(task))
-        message.event_time.FromDatetime(task.db_now)
+        message.event_time.CopyFrom(convert.timestamp(task.db_now))
     elif key is not None:
         message.lease.namespace = key.namespace
         message.lease.task_id = key.task_id

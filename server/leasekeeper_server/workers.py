@@ -294,8 +294,7 @@ class Supervisor:
         self._workers: dict[int, _Worker] = {}
         self._ready: set[int] = set()
         self._announced = False
-        self._stop = asyncio.Event()
-        self._stopping = False
+        self._stop = asyncio.Event()  # set by SIGTERM/SIGINT, or by a worker that cannot start
         self._failure: str | None = None
 
     async def run(self) -> int:
@@ -308,7 +307,6 @@ class Supervisor:
             for k in range(self.count)
         ]
         await self._stop.wait()
-        self._stopping = True
         if self._failure is None:
             log.info("signal received: stopping %d workers", self.count)
         for worker in self._workers.values():
@@ -338,7 +336,7 @@ class Supervisor:
                 name, why, served_s = f"worker {index}", f"cannot be started: {exc}", 0.0
             else:
                 self._workers[index] = worker
-                if self._stopping:
+                if self._stop.is_set():
                     worker.send(signal.SIGTERM)
                 reason = await worker.wait_ready()
                 served_at = loop.time()
@@ -347,7 +345,7 @@ class Supervisor:
                 code = await worker.proc.wait()
                 worker.close()
                 self._ready.discard(index)
-                if self._stopping:
+                if self._stop.is_set():
                     # A worker still starting when told to stop may die of the signal.
                     stopped = code == 0 or (
                         reason is not None and -code in (signal.SIGTERM, signal.SIGINT)
@@ -357,7 +355,7 @@ class Supervisor:
                     return stopped
                 served_s = loop.time() - served_at if reason is None else 0.0
                 name, why = worker.name, reason or _describe(code)
-            if self._stopping:
+            if self._stop.is_set():
                 return True
             if not self._announced:
                 self._fail(f"{name} {why}")
@@ -367,7 +365,7 @@ class Supervisor:
             log.warning("%s %s; restarting it in %.1f s", name, why, delay_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay_s)
-            if self._stopping or self._stop.is_set():
+            if self._stop.is_set():
                 return True
             delay_s = min(delay_s * 2, RESTART_MAX_S)
 

@@ -36,6 +36,7 @@ from bench.scale import (
     live_leases,
     plan_nodes,
     probes,
+    run_admin,
     seed,
     unannounced_leases,
 )
@@ -80,26 +81,18 @@ def plan_problems(plan: dict[str, Any], probe: Probe) -> list[str]:
     return problems
 
 
-async def _admin(url: str, sql: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="module")
 def seeded_url(database_url: str) -> Iterator[str]:
     """A fresh database on the session's server, migrated and seeded with ROWS task rows."""
     name = f"leasekeeper_plans_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_admin(database_url, f'CREATE DATABASE "{name}"'))
+    asyncio.run(run_admin(database_url, f'CREATE DATABASE "{name}"'))
     url = urlsplit(database_url)._replace(path=f"/{name}").geturl()
     try:
         asyncio.run(migrate(url))
         asyncio.run(seed(url, ROWS))
         yield url
     finally:
-        asyncio.run(_admin(database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        asyncio.run(run_admin(database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture

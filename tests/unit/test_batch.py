@@ -119,3 +119,18 @@ async def test_close_cancels_the_run_in_flight() -> None:
     await c.close()
     with pytest.raises(asyncio.CancelledError):
         await waiting
+
+
+async def test_close_also_cancels_the_calls_waiting_for_the_next_run() -> None:
+    r = Recorder()
+    r.release.clear()
+    c = Coalescer(r.run, key=lambda item: item[0])
+    in_flight = asyncio.ensure_future(c.submit(("a", 1)))
+    await r.started.wait()
+    queued = asyncio.ensure_future(c.submit(("b", 2)))
+    await asyncio.sleep(0)  # one turn of the loop: the call is submitted
+    await c.close()
+    for call in (in_flight, queued):
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(call, 1)
+    assert r.batches == [[("a", 1)]]

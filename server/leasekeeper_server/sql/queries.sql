@@ -136,8 +136,9 @@ RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
           clock_timestamp() AS db_now;
 
 -- name: renew
--- The single-lease form of renew_many (the service sends renew_many; the
--- benchmark's raw-driver reference runs this one).
+-- The single-lease form of renew_many: the service sends it for a renewal
+-- whose batch handed it back to run alone (a row lock, a refused batch); the
+-- benchmark's raw-driver reference runs it too.
 -- Extends a live lease of this owner and fence; never revives an expired one
 -- and never reaches past the runtime budget. $5 ttl.
 -- Written as an upsert that never inserts (see the top of this file): the row
@@ -177,15 +178,6 @@ WHERE namespace = $1::text AND task_id = $2::text
 RETURNING namespace, task_id, owner_id, fence, state, expire_time,
           runtime_deadline, claim_time, end_reason, claim_request_id,
           clock_timestamp() AS db_now;
-
--- name: get_task
--- The task's row and the database clock: the single-task form of get_tasks
--- (the service sends get_tasks; the benchmark's raw-driver reference runs this one).
-SELECT namespace, task_id, owner_id, fence, state, expire_time,
-       runtime_deadline, claim_time, end_reason, claim_request_id, revoke_reason,
-       clock_timestamp() AS db_now
-FROM leasekeeper_tasks
-WHERE namespace = $1::text AND task_id = $2::text;
 
 -- name: get_tasks
 -- The rows of a batch of tasks ($1 namespaces, $2 task_ids: arrays, one
