@@ -29,6 +29,16 @@ class Recorder:
         return [value * 10 for _, value in items]
 
 
+async def held_run() -> tuple[Recorder, Coalescer[tuple[str, int], int], asyncio.Future[int]]:
+    """A coalescer whose first call, ("a", 1), is in flight until ``r.release`` is set."""
+    r = Recorder()
+    r.release.clear()
+    c = Coalescer(r.run, key=lambda item: item[0])
+    first = asyncio.ensure_future(c.submit(("a", 1)))
+    await r.started.wait()
+    return r, c, first
+
+
 async def test_calls_of_one_turn_share_a_batch_and_get_their_own_answers() -> None:
     r = Recorder()
     c = Coalescer(r.run, key=lambda item: item[0])
@@ -38,11 +48,7 @@ async def test_calls_of_one_turn_share_a_batch_and_get_their_own_answers() -> No
 
 
 async def test_calls_arriving_during_a_run_go_together_in_the_next() -> None:
-    r = Recorder()
-    r.release.clear()
-    c = Coalescer(r.run, key=lambda item: item[0])
-    first = asyncio.ensure_future(c.submit(("a", 1)))
-    await r.started.wait()
+    r, c, first = await held_run()
     assert len(r.batches) == 1  # in flight
     later = [asyncio.ensure_future(c.submit((f"b{i}", i))) for i in range(10)]
     await asyncio.sleep(0)  # one turn of the loop: the ten calls are submitted
@@ -94,11 +100,7 @@ async def test_a_failed_run_fails_each_of_its_callers_and_the_next_batch_runs() 
 
 
 async def test_a_cancelled_caller_is_left_out_of_the_batch() -> None:
-    r = Recorder()
-    r.release.clear()
-    c = Coalescer(r.run, key=lambda item: item[0])
-    first = asyncio.ensure_future(c.submit(("a", 1)))
-    await r.started.wait()
+    r, c, first = await held_run()
     gone = asyncio.ensure_future(c.submit(("b", 2)))
     kept = asyncio.ensure_future(c.submit(("c", 3)))
     await asyncio.sleep(0)  # one turn of the loop: both calls are submitted
@@ -111,22 +113,14 @@ async def test_a_cancelled_caller_is_left_out_of_the_batch() -> None:
 
 
 async def test_close_cancels_the_run_in_flight() -> None:
-    r = Recorder()
-    r.release.clear()
-    c = Coalescer(r.run, key=lambda item: item[0])
-    waiting = asyncio.ensure_future(c.submit(("a", 1)))
-    await r.started.wait()
+    _, c, waiting = await held_run()
     await c.close()
     with pytest.raises(asyncio.CancelledError):
         await waiting
 
 
 async def test_close_also_cancels_the_calls_waiting_for_the_next_run() -> None:
-    r = Recorder()
-    r.release.clear()
-    c = Coalescer(r.run, key=lambda item: item[0])
-    in_flight = asyncio.ensure_future(c.submit(("a", 1)))
-    await r.started.wait()
+    r, c, in_flight = await held_run()
     queued = asyncio.ensure_future(c.submit(("b", 2)))
     await asyncio.sleep(0)  # one turn of the loop: the call is submitted
     await c.close()
