@@ -78,18 +78,20 @@ async def test_claim_2000_racing_claims_grant_fences_without_gap_or_repeat(serve
                 assert reply.lease.owner_id == owner
                 grants[task_id].append(reply.lease.fence)
                 choice = rng.random()
-                if choice < 0.02:
-                    await release(stub, namespace, task_id, owner, reply.lease.fence, complete=True)
-                    completed[task_id] = reply.lease.fence
-                    outcomes["completed"] += 1
-                elif choice < 0.5:
+                if choice < 0.5:
+                    complete = choice < 0.02
                     try:
-                        await release(stub, namespace, task_id, owner, reply.lease.fence)
-                        outcomes["released"] += 1
+                        await release(
+                            stub, namespace, task_id, owner, reply.lease.fence, complete=complete
+                        )
                     except grpc.aio.AioRpcError as exc:  # it expired and was claimed again
                         assert exc.code() == grpc.StatusCode.ABORTED
                         assert error_info(exc).reason == "LEASE_SUPERSEDED"
                         outcomes["release-superseded"] += 1
+                        continue
+                    if complete:
+                        completed[task_id] = reply.lease.fence
+                    outcomes["completed" if complete else "released"] += 1
                 else:
                     outcomes["left-to-expire"] += 1
 
@@ -112,4 +114,3 @@ async def test_claim_2000_racing_claims_grant_fences_without_gap_or_repeat(serve
         assert stored[task_id] == (fence, "completed")
     assert set(refused_completed) <= set(completed)
     assert set(stored) == set(grants)
-    assert elapsed < 30, f"2,000 claims took {elapsed:.1f} s"
