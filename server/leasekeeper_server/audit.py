@@ -11,7 +11,8 @@ grant      namespace, task_id, owner_id, fence, expire_time, principal
 release    namespace, task_id, owner_id, fence, complete, principal
 loss       namespace, task_id, owner_id, fence, reason, rpc (Renew, Release,
            Heartbeat: the call that learned of the loss), principal
-expired    namespace, task_id, owner_id, fence, expire_time (expiry sweeper)
+expired    namespace, task_id, owner_id, fence, expire_time (once per expiry,
+           whoever announced it: the sweeper or the change that ended it)
 revoke     namespace, task_id, fence, revoked, reason (the operator's),
            principal
 =========  ===================================================================
@@ -153,7 +154,7 @@ class Audit:
         fence: int,
         expire_time: datetime | str,
     ) -> None:
-        """Records a lease the expiry sweeper found expired (its expire_time passed).
+        """Records an announced expiry (its expire_time passed unrenewed), once per lease.
 
         Args:
             namespace: The task's namespace.

@@ -1,7 +1,8 @@
 """One LISTEN connection per server process, fanned out to streams and caches.
 
 The database announces every change of ownership (a grant, a release, a
-revoke, a completion, an expiry announced by the sweeper) on the channel
+revoke, a completion, an expiry announced by the sweeper or by the change
+that ended the expired lease first) on the channel
 ``leasekeeper_lease`` from a trigger on the task table, whoever made the
 change, with the row as the change left it (migrations/0005_operations.sql).
 Two kinds of listeners use it:

@@ -359,7 +359,7 @@ class Metrics:
         return value or 0.0
 
     def expired(self, namespace: str, count: int = 1) -> None:
-        """Counts leases the expiry sweeper found expired (``leases_expired_total``).
+        """Counts announced expiries, once each (``leases_expired_total``; the sweeper's leader).
 
         Args:
             namespace: The leases' namespace.

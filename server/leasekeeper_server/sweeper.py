@@ -7,9 +7,10 @@ passes its expire_time. But nobody is told, so one replica at a time
 an ``expired`` event (Watch streams, waiting claims, the audit log, the
 ``leases_expired`` metric).
 
-A lease claimed again before the sweeper came by is announced by that claim
-instead (the trigger sends its ``expired`` just before the ``claimed``), so
-the leader counts and audits expiries from the notifications themselves, not
+A lease claimed again, released, completed or revoked before the sweeper
+came by is announced by that change instead (the trigger sends its
+``expired`` just before the change's own event; migrations/0006), so the
+leader counts and audits expiries from the notifications themselves, not
 from its own sweeps: every expiry once, whoever announced it. (While the
 leader's notification connection is down, counts can be missed; the events
 and the state in the database cannot.)

@@ -2,8 +2,10 @@
 
 A worker waiting for another's task to complete subscribes instead of
 polling. Events come from the task table's trigger (``events.py``), so they
-arrive in commit order, whichever replica made the change; expiries come
-from the elected sweeper (``sweeper.py``), at most a sweep interval late.
+arrive in commit order, whichever replica made the change; an expiry is
+announced once: by the elected sweeper (``sweeper.py``), at most a sweep
+interval late, or just before the claim, release or revoke that ends the
+expired lease first.
 
 For one task the stream starts with a SNAPSHOT (the task read after
 subscribing, so no later change can be missed), then delivers each event
