@@ -25,8 +25,16 @@ Durations are float seconds (or ``timedelta`` on input); instants are UTC
 """
 
 from ._owner import new_owner_id, new_request_id
-from ._types import BeginResult, ClaimResult, EffectRecord, FenceCheck, LeaseInfo, TaskEvent
-from .client import LeaseClient
+from ._types import (
+    BeginResult,
+    ClaimResult,
+    EffectRecord,
+    FenceCheck,
+    LeaseInfo,
+    RenewedLease,
+    TaskEvent,
+)
+from .client import CHANNEL_OPTIONS, LeaseClient
 from .effects import EffectOutcome, EffectRunner, request_digest
 from .errors import (
     AccessDenied,
@@ -61,6 +69,7 @@ from .fencing import (
 from .lease import HeldLease, LeaseHold
 
 __all__ = [
+    "CHANNEL_OPTIONS",
     "FENCE_BELOW_ACCEPTED",
     "METADATA_FENCE",
     "METADATA_NAMESPACE",
@@ -94,6 +103,7 @@ __all__ = [
     "LimitExceeded",
     "MissingFence",
     "NotAcquired",
+    "RenewedLease",
     "StaleFence",
     "TaskCompleted",
     "TaskEvent",

@@ -6,7 +6,8 @@ order, each moving the :class:`~leasekeeper._trust.TrustWindow`). Outcomes:
 
 * the stream ends ABORTED with a reason: the lease is lost (pushed by the server);
 * the trust deadline passes without a confirmed renewal, however healthy the
-  stream looks (a black-holed network): lost with ``LEASE_EXPIRED``;
+  stream looks (a black-holed network): lost with ``LEASE_EXPIRED`` (or
+  ``RUNTIME_EXCEEDED`` when the lease was already ending at its runtime budget);
 * UNAVAILABLE, a broken or stalled stream, an unexpected end: reopen the stream
   on the same channel (possibly another replica) with the same fence, with
   backoff, for as long as the trust deadline allows; meanwhile
@@ -29,7 +30,8 @@ import grpc
 
 from ._backoff import Backoff
 from ._trust import Clock, TrustWindow
-from .errors import LeaseError, LeaseLost, from_rpc_error
+from ._types import from_duration, instant
+from .errors import InvalidArgument, LeaseError, LeaseLost, from_rpc_error
 from .v1 import lease_service_pb2 as pb
 
 logger = logging.getLogger("leasekeeper.heartbeat")
@@ -49,10 +51,61 @@ _TRANSIENT_CODES = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
+DEFAULT_BEATS_PER_TTL = 3
+"""Beats per ttl when the caller does not choose the cadence (an interval of ttl / 3)."""
+MIN_BEATS_PER_TTL = 2
+"""The fewest beats per ttl a chosen cadence may leave: an interval of at most ttl / 2.
+
+With one beat per ttl, each renewal would be sent at about the lease's trust
+deadline, so the lease would be lost between every two beats; with two, a beat
+has half the ttl (less the safety margin) to be answered.
+"""
+MIN_BEAT_INTERVAL_S = 0.01
+"""The shortest interval between beats, chosen or default."""
 STALL_INTERVALS = 2
 """A beat unanswered for this many beat intervals marks the stream stalled (reopen it)."""
 STOP_TIMEOUT_S = 5.0
 """Seconds stop() waits for the server to end a half-closed stream before cancelling it."""
+
+
+def check_beat_interval(interval_s: float | None, ttl_s: float | None) -> None:
+    """Refuse a heartbeat cadence that leaves fewer than two beats per ttl.
+
+    Args:
+        interval_s: The chosen seconds between beats, or None for the default (ttl / 3).
+        ttl_s: The lease's ttl in seconds, or None for the server's default.
+
+    Raises:
+        InvalidArgument: (a ``ValueError``, raised locally) naming ``heartbeat_interval``:
+            below MIN_BEAT_INTERVAL_S, above ttl / 2, or given without a ttl
+            (the server's default ttl is not known before the grant).
+
+    """
+    if interval_s is None:
+        return
+    if ttl_s is None:
+        problem = "needs an explicit ttl (the server's default ttl is unknown before the grant)"
+    elif interval_s < MIN_BEAT_INTERVAL_S:
+        problem = f"must be at least {MIN_BEAT_INTERVAL_S} s"
+    elif interval_s * MIN_BEATS_PER_TTL > ttl_s:
+        problem = (
+            f"must leave at least {MIN_BEATS_PER_TTL} beats per ttl "
+            f"(at most ttl / {MIN_BEATS_PER_TTL} = {ttl_s / MIN_BEATS_PER_TTL:g} s)"
+        )
+    else:
+        return
+    raise InvalidArgument(
+        f"heartbeat_interval {problem}, got {interval_s:g} s",
+        field_violations=[("heartbeat_interval", problem)],
+        code=None,
+    )
+
+
+def beat_interval_s(interval_s: float | None, ttl_s: float) -> float:
+    """Seconds between beats: the chosen ``interval_s``, else ttl / 3 (at least 10 ms)."""
+    if interval_s is not None:
+        return interval_s
+    return max(ttl_s / DEFAULT_BEATS_PER_TTL, MIN_BEAT_INTERVAL_S)
 
 
 class _StreamStalled(Exception):
@@ -65,7 +118,7 @@ class HeartbeatKeeper:
     Args:
         open_stream: Opens a new ``Heartbeat`` stream-stream call.
         first_request: The message naming the lease, sent first on every stream.
-        interval_s: Seconds between beats (about ttl / 3).
+        interval_s: Seconds between beats (:func:`beat_interval_s`).
         window: The lease's trust window; every confirmed renewal moves it.
         on_lost: Called once, from the keeper's task, when the lease is lost.
         clock: The window's monotonic clock.
@@ -141,7 +194,7 @@ class HeartbeatKeeper:
     async def _supervise(self) -> None:
         while not self._stop.is_set():
             if self._window.expired():
-                self._lose(self._lost_error("LEASE_EXPIRED"))
+                self._lose(self._lost_error(self._window.loss_reason))
                 return
             try:
                 clean = await self._stream_within_trust()
@@ -184,7 +237,7 @@ class HeartbeatKeeper:
             while not stream.done():
                 remaining_s = self._window.remaining_s()
                 if remaining_s <= 0:
-                    raise self._lost_error("LEASE_EXPIRED")
+                    raise self._lost_error(self._window.loss_reason)
                 await asyncio.wait({stream}, timeout=remaining_s)
             return stream.result()
         finally:
@@ -250,7 +303,10 @@ class HeartbeatKeeper:
                 continue  # more answers than beats: nothing to measure from
             send_time = sent.popleft()[0]
             self._window.confirm(
-                send_time, response.remaining_ttl.ToNanoseconds() / 1e9, renewed=response.renewed
+                send_time,
+                from_duration(response.remaining_ttl),
+                renewed=response.renewed,
+                expire_time=instant(response, "expire_time"),
             )
             if response.renewed:
                 self.renewal_error = None

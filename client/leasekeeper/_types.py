@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from ._trust import trust_deadline
 from .errors import InvalidArgument
 from .v1 import lease_service_pb2 as pb
 
@@ -53,6 +55,33 @@ class LeaseInfo:
     claim_time: datetime | None
     end_reason: str | None
     revoke_reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RenewedLease(LeaseInfo):
+    """A lease as ``LeaseClient.renew`` returns it: the renewed lease and when it was asked.
+
+    A :class:`LeaseInfo` (every field, same meaning), plus:
+
+    Attributes:
+        send_time: The client clock (``time.monotonic`` by default) when the
+            renewal was sent. With ``remaining_ttl`` it gives the caller's next
+            trust deadline: :meth:`trust_deadline`.
+    """
+
+    send_time: float = dataclasses.field(kw_only=True)
+
+    def trust_deadline(self, safety_margin: float) -> float:
+        """``send_time + remaining_ttl - safety_margin`` on the client clock, in seconds.
+
+        Past it, unless a later renewal was confirmed, the lease counts as lost.
+        Pass it to the next ``renew(..., trust_deadline=...)``.
+
+        Args:
+            safety_margin: Seconds kept in reserve (e.g. ``min(1 s, ttl / 10)``); >= 0.
+
+        """
+        return trust_deadline(self.send_time, self.remaining_ttl, safety_margin)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -222,7 +251,8 @@ def from_duration(message: duration_pb2.Duration) -> float:
     return message.ToNanoseconds() / 1e9
 
 
-def _instant(parent: object, field: str) -> datetime | None:
+def instant(parent: object, field: str) -> datetime | None:
+    """The ``Timestamp`` field ``field`` of a proto as a UTC ``datetime``; None when unset."""
     if not parent.HasField(field):  # type: ignore[attr-defined]
         return None
     stamp: timestamp_pb2.Timestamp = getattr(parent, field)
@@ -240,21 +270,31 @@ def enum_name(enum: object, value: int, prefix: str) -> str | None:
     return name.removeprefix(prefix)
 
 
+def _lease_fields(message: pb.Lease) -> dict[str, Any]:
+    """The :class:`LeaseInfo` fields of a ``Lease`` proto, by name."""
+    return {
+        "namespace": message.namespace,
+        "task_id": message.task_id,
+        "owner_id": message.owner_id,
+        "fence": message.fence,
+        "state": enum_name(pb.TaskState, message.state, "TASK_STATE_") or "UNSPECIFIED",
+        "expire_time": instant(message, "expire_time"),
+        "remaining_ttl": from_duration(message.remaining_ttl),
+        "runtime_deadline": instant(message, "runtime_deadline"),
+        "claim_time": instant(message, "claim_time"),
+        "end_reason": enum_name(pb.LossReason, message.end_reason, "LOSS_REASON_"),
+        "revoke_reason": message.revoke_reason,
+    }
+
+
 def lease_info(message: pb.Lease) -> LeaseInfo:
     """Convert a ``Lease`` proto."""
-    return LeaseInfo(
-        namespace=message.namespace,
-        task_id=message.task_id,
-        owner_id=message.owner_id,
-        fence=message.fence,
-        state=enum_name(pb.TaskState, message.state, "TASK_STATE_") or "UNSPECIFIED",
-        expire_time=_instant(message, "expire_time"),
-        remaining_ttl=from_duration(message.remaining_ttl),
-        runtime_deadline=_instant(message, "runtime_deadline"),
-        claim_time=_instant(message, "claim_time"),
-        end_reason=enum_name(pb.LossReason, message.end_reason, "LOSS_REASON_"),
-        revoke_reason=message.revoke_reason,
-    )
+    return LeaseInfo(**_lease_fields(message))
+
+
+def renewed_lease(message: pb.Lease, send_time: float) -> RenewedLease:
+    """Convert a ``RenewResponse``'s ``Lease``; ``send_time`` is the client clock at sending."""
+    return RenewedLease(**_lease_fields(message), send_time=send_time)
 
 
 def task_event(message: pb.TaskEvent) -> TaskEvent:
@@ -262,7 +302,7 @@ def task_event(message: pb.TaskEvent) -> TaskEvent:
     return TaskEvent(
         type=enum_name(pb.TaskEventType, message.type, "TASK_EVENT_TYPE_") or "UNSPECIFIED",
         lease=lease_info(message.lease) if message.HasField("lease") else None,
-        event_time=_instant(message, "event_time"),
+        event_time=instant(message, "event_time"),
     )
 
 
@@ -281,7 +321,7 @@ def claim_result(message: pb.ClaimResponse, send_time: float, request_id: str = 
             else from_duration(message.holder_remaining_ttl)
         ),
         send_time=send_time,
-        holder_expire_time=None if acquired else _instant(message, "holder_expire_time"),
+        holder_expire_time=None if acquired else instant(message, "holder_expire_time"),
         request_id=request_id,
         retry_after=(
             None
@@ -300,7 +340,7 @@ def fence_check(message: pb.ValidateFenceResponse) -> FenceCheck:
         remaining_ttl=(
             from_duration(message.remaining_ttl) if message.HasField("remaining_ttl") else None
         ),
-        expire_time=_instant(message, "expire_time"),
+        expire_time=instant(message, "expire_time"),
     )
 
 
@@ -320,7 +360,7 @@ def effect_record(message: pb.Effect) -> EffectRecord:
         attempts=message.attempts,
         # Always set by the server; an unset one reads as the epoch, never as now.
         begin_time=message.begin_time.ToDatetime(tzinfo=UTC),
-        complete_time=_instant(message, "complete_time"),
+        complete_time=instant(message, "complete_time"),
     )
 
 

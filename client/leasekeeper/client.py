@@ -9,14 +9,17 @@ own, except inside :meth:`LeaseClient.hold`, which documents its retries.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
 
 from . import _types
+from . import lease as _lease
+from ._heartbeat import check_beat_interval
 from ._owner import OwnerIdentity, new_request_id
 from ._trust import Clock
 from ._types import (
@@ -25,10 +28,11 @@ from ._types import (
     EffectRecord,
     FenceCheck,
     LeaseInfo,
+    RenewedLease,
     Seconds,
     TaskEvent,
 )
-from .errors import InvalidArgument, from_rpc_error
+from .errors import InvalidArgument, LeaseError, LeaseLost, from_rpc_error
 from .lease import LeaseHold
 from .v1 import lease_service_pb2 as pb
 from .v1 import lease_service_pb2_grpc as pb_grpc
@@ -37,6 +41,22 @@ DEFAULT_TARGET = "127.0.0.1:9457"
 DEFAULT_NAMESPACE = "default"
 DEFAULT_CALL_TIMEOUT_S = 10.0
 TOKEN_ENV = "LEASEKEEPER_TOKEN"
+KEEPALIVE_TIME_S = 10.0
+KEEPALIVE_TIMEOUT_S = 5.0
+# The channel's own pings find a dead server, or a connection cut on the way
+# without a reset, within KEEPALIVE_TIME_S + KEEPALIVE_TIMEOUT_S: its calls and
+# streams (watch, hold's heartbeat) then fail UNAVAILABLE. A ping goes out after
+# KEEPALIVE_TIME_S without a read, on idle connections too and however long a
+# stream stays quiet (the server allows a ping a second). gRPC core waits for
+# the ack for ``grpc.http2.ping_timeout_ms`` (60 s unset), not for
+# ``grpc.keepalive_timeout_ms``, so both are set.
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_time_ms", round(KEEPALIVE_TIME_S * 1000)),
+    ("grpc.keepalive_timeout_ms", round(KEEPALIVE_TIMEOUT_S * 1000)),
+    ("grpc.http2.ping_timeout_ms", round(KEEPALIVE_TIMEOUT_S * 1000)),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
 
 _Response = TypeVar("_Response")
 _Item = TypeVar("_Item")
@@ -96,9 +116,11 @@ class LeaseClient:
                 safe: every claim carries a request id, so the restarted
                 process gets a new fence and its predecessor's fence is refused.
             channel: A ``grpc.aio`` channel to use; the caller keeps ownership
-                (``close()`` does not close it). None: a channel to ``target``
-                (secure with ``credentials``, else insecure), owned and closed
-                by the client.
+                (``close()`` does not close it) and its options (pass
+                ``options=leasekeeper.CHANNEL_OPTIONS`` to find a dead server
+                as the client's own channel does). None: a channel to ``target``
+                (secure with ``credentials``, else insecure, with
+                ``CHANNEL_OPTIONS``), owned and closed by the client.
             call_timeout: Deadline of each unary call, in seconds (or a
                 ``timedelta``); None for no deadline. The heartbeat stream has none.
             clock: Monotonic clock in seconds for send times and trust deadlines.
@@ -133,6 +155,8 @@ class LeaseClient:
             (("authorization", f"Bearer {token}"),) if token else None
         )
         self._held: set[str] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self._closing = False
         self._closed = False
 
     @property
@@ -173,15 +197,32 @@ class LeaseClient:
         if self._stub is None:
             if self._channel is None:
                 if self._credentials is not None:
-                    self._channel = grpc.aio.secure_channel(self._target, self._credentials)
+                    self._channel = grpc.aio.secure_channel(
+                        self._target, self._credentials, options=CHANNEL_OPTIONS
+                    )
                 else:
-                    self._channel = grpc.aio.insecure_channel(self._target)
+                    self._channel = grpc.aio.insecure_channel(self._target, options=CHANNEL_OPTIONS)
             self._stub = pb_grpc.LeaseServiceStub(self._channel)
         return self._stub
 
     async def close(self) -> None:
-        """Close the channel if the client opened it; later calls fail. Idempotent."""
-        self._closed = True
+        """Close the channel if the client opened it; later calls fail. Idempotent.
+
+        First lets the client's background work end: the best-effort release
+        of a lost lease (see :meth:`hold`), waited for at most
+        ``RELEASE_AFTER_LOSS_TIMEOUT_S`` (2 s), then cancelled; a lease it had no
+        time to release ends by its ttl.
+        """
+        self._closing = True  # no new background work; what runs may still call
+        background = list(self._background)
+        try:
+            if background:
+                await asyncio.wait(background, timeout=_lease.RELEASE_AFTER_LOSS_TIMEOUT_S)
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self._closed = True
         channel, self._stub = self._channel, None
         if channel is not None and self._owns_channel:
             self._channel = None
@@ -200,11 +241,30 @@ class LeaseClient:
         *,
         task_id: str | None = None,
         fence: int | None = None,
+        timeout_s: float | None = None,
     ) -> _Response:
+        """One unary call within the call timeout, or ``timeout_s`` seconds if that is shorter."""
+        if timeout_s is None or (
+            self._call_timeout_s is not None and self._call_timeout_s < timeout_s
+        ):
+            timeout_s = self._call_timeout_s
         try:
-            return await rpc(request, timeout=self._call_timeout_s, metadata=self._metadata)
+            return await rpc(request, timeout=timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(error, task_id=task_id, fence=fence) from error
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``work`` as a task the client owns: referenced until done, cancelled by close().
+
+        ``work`` handles its own errors (a task's exception would be logged as
+        never retrieved). On a closing or closed client it is not started.
+        """
+        if self._closing:
+            work.close()
+            return
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def claim(
         self,
@@ -278,7 +338,14 @@ class LeaseClient:
         response = await self._call(self.stub.Claim, request, task_id=task_id)
         return _types.claim_result(response, send_time, request_id)
 
-    async def renew(self, task_id: str, fence: int, ttl: Seconds | None = None) -> LeaseInfo:
+    async def renew(
+        self,
+        task_id: str,
+        fence: int,
+        ttl: Seconds | None = None,
+        *,
+        trust_deadline: float | None = None,
+    ) -> RenewedLease:
         """Renew a live lease: ``expire_time = least(db now + ttl, runtime_deadline)``.
 
         Atomic; never revives an expired lease. Prefer :meth:`hold`, which keeps
@@ -289,13 +356,22 @@ class LeaseClient:
             fence: The lease's fence; >= 1.
             ttl: New lease length in seconds from now (database clock); None for
                 the server's default.
+            trust_deadline: The lease's trust deadline on this client's clock
+                (seconds, a reading of :attr:`clock`): the claim's ``send_time +
+                lease.remaining_ttl - safety_margin``, then the previous renewal's
+                :meth:`~leasekeeper.RenewedLease.trust_deadline`. The call's
+                deadline is then no later than it. None: the call timeout only.
 
         Returns:
-            The renewed lease.
+            The renewed lease, with ``send_time`` (this client's clock when the
+            request left): the next trust deadline is ``send_time +
+            remaining_ttl - safety_margin``.
 
         Raises:
             LeaseLost: ABORTED with the reason (LEASE_EXPIRED, LEASE_SUPERSEDED, ...):
-                claim again, do not retry the renewal.
+                claim again, do not retry the renewal. Also LEASE_EXPIRED, raised
+                locally, when ``trust_deadline`` passed before an answer came
+                (the call is cancelled then) or before the call (nothing is sent).
             InvalidArgument: INVALID_ARGUMENT.
             LeaseUnavailable: UNAVAILABLE; safe to retry.
 
@@ -307,8 +383,32 @@ class LeaseClient:
             fence=fence,
             ttl=_types.to_duration(ttl, "ttl"),
         )
-        response = await self._call(self.stub.Renew, request, task_id=task_id, fence=fence)
-        return _types.lease_info(response.lease)
+        left_s = None if trust_deadline is None else trust_deadline - self._clock()
+        if left_s is not None and left_s <= 0:
+            raise LeaseLost(
+                "LEASE_EXPIRED",
+                task_id,
+                fence,
+                message="lease lost: its trust deadline passed before the renewal was sent",
+            )
+        bound_by_trust = left_s is not None and (
+            self._call_timeout_s is None or left_s < self._call_timeout_s
+        )
+        send_time = self._clock()
+        try:
+            response = await self._call(
+                self.stub.Renew, request, task_id=task_id, fence=fence, timeout_s=left_s
+            )
+        except LeaseError as error:
+            if bound_by_trust and error.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise LeaseLost(
+                    "LEASE_EXPIRED",
+                    task_id,
+                    fence,
+                    message="lease lost: no renewal confirmed by its trust deadline",
+                ) from error
+            raise
+        return _types.renewed_lease(response.lease, send_time)
 
     async def release(self, task_id: str, fence: int, complete: bool = False) -> LeaseInfo:
         """Release a lease (live or expired, unless a newer fence exists).
@@ -331,6 +431,12 @@ class LeaseClient:
             LeaseUnavailable: UNAVAILABLE; safe to retry.
 
         """
+        return await self._release(task_id, fence, complete)
+
+    async def _release(
+        self, task_id: str, fence: int, complete: bool, timeout_s: float | None = None
+    ) -> LeaseInfo:
+        """:meth:`release` within ``timeout_s`` seconds, if shorter than the call timeout."""
         request = pb.ReleaseRequest(
             namespace=self._namespace,
             task_id=task_id,
@@ -338,7 +444,9 @@ class LeaseClient:
             fence=fence,
             complete=complete,
         )
-        response = await self._call(self.stub.Release, request, task_id=task_id, fence=fence)
+        response = await self._call(
+            self.stub.Release, request, task_id=task_id, fence=fence, timeout_s=timeout_s
+        )
         return _types.lease_info(response.lease)
 
     async def validate_fence(
@@ -672,6 +780,7 @@ class LeaseClient:
         wait: Seconds | None = None,
         safety_margin: Seconds | None = None,
         release_on_exit: bool = True,
+        heartbeat_interval: Seconds | None = None,
     ) -> LeaseHold:
         """Claim a task, keep it renewed, and release it on exit.
 
@@ -681,15 +790,22 @@ class LeaseClient:
 
         Args:
             task_id: The task.
-            ttl: Lease length in seconds (or ``timedelta``); renewed about every
-                ttl / 3. None: the server's default.
+            ttl: Lease length in seconds (or ``timedelta``); renewed every
+                ``heartbeat_interval``. None: the server's default.
             max_runtime: Runtime budget in seconds; None for the server's maximum.
             wait: Seconds to keep trying while another owner holds the task
                 (exponential backoff with full jitter, never sleeping past the
                 holder's remaining ttl). None: one attempt.
             safety_margin: Seconds subtracted from every confirmed remaining ttl
                 for the trust deadline. None: ``min(1 s, ttl / 10)``.
-            release_on_exit: Release the lease when the block exits.
+            release_on_exit: Release the lease when the block exits (in the
+                background, bounded, after a loss: the error comes first).
+            heartbeat_interval: Seconds (or ``timedelta``) between heartbeat
+                beats, each a renewal. None: ttl / 3. Shorter hears of a loss
+                sooner and rides out slow answers, at one database write per
+                beat (beats sooner than the server's minimum renew interval are
+                answered without one). At most ttl / 2 (two beats per ttl), and
+                only with an explicit ``ttl``.
 
         Returns:
             An async context manager; it raises, from ``async with``:
@@ -697,17 +813,29 @@ class LeaseClient:
             TaskCompleted (FAILED_PRECONDITION); LeaseUnavailable (UNAVAILABLE)
             or LeaseError (DEADLINE_EXCEEDED), after retrying within ``wait``
             with the same request id; InvalidArgument; and LeaseLost when
-            ownership is lost while the block runs.
+            ownership is lost while the block runs, or at once when the grant
+            arrives after its own trust deadline.
+
+        Raises:
+            InvalidArgument: (a ``ValueError``, raised here at the call, nothing
+                sent) a duration that is not finite, or a ``heartbeat_interval``
+                that leaves fewer than two beats per ttl (above ttl / 2), is
+                below 0.01 s, or comes without a ``ttl``; the error names the
+                parameter.
 
         """
+        ttl_s = _types.optional_seconds(ttl, "ttl")
+        heartbeat_interval_s = _types.optional_seconds(heartbeat_interval, "heartbeat_interval")
+        check_beat_interval(heartbeat_interval_s, ttl_s)
         return LeaseHold(
             self,
             task_id,
-            ttl_s=_types.optional_seconds(ttl, "ttl"),
+            ttl_s=ttl_s,
             max_runtime_s=_types.optional_seconds(max_runtime, "max_runtime"),
             wait_s=_types.optional_seconds(wait, "wait"),
             safety_margin_s=_types.optional_seconds(safety_margin, "safety_margin"),
             release_on_exit=release_on_exit,
+            heartbeat_interval_s=heartbeat_interval_s,
         )
 
     def _open_heartbeat(self) -> Any:

@@ -95,7 +95,9 @@ class LeaseLost(LeaseError):
 
     Raised from RPCs as ABORTED, and by ``hold()`` when the server ends the
     heartbeat with a reason or the local trust deadline passes (reason
-    ``LEASE_EXPIRED``).
+    ``LEASE_EXPIRED``, or ``RUNTIME_EXCEEDED`` when the lease was ending at its
+    runtime budget), and by ``renew(..., trust_deadline=...)`` when that
+    deadline passes unanswered (``LEASE_EXPIRED``).
 
     Attributes:
         task_id: The task, when known.

@@ -3,23 +3,31 @@
 :class:`LeaseHold` is the async context manager returned by
 ``LeaseClient.hold``; it yields a :class:`HeldLease`.
 
-Entering claims the task (waiting for it if asked), starts one heartbeat
-stream renewing about every ttl / 3, and sets the trust deadline from the
-claim. While the block runs the heartbeat moves the deadline after each
-confirmed renewal (``send_time + remaining_ttl - safety_margin`` on the
-client's monotonic clock).
+Entering claims the task (waiting for it if asked), sets the trust deadline
+from the claim, and starts one heartbeat stream renewing every
+``heartbeat_interval`` (ttl / 3 by default). A grant that arrives after its own
+trust deadline (a late reply) raises ``LeaseLost`` at once: no heartbeat is
+opened and nothing is sent for that fence. While the block runs the heartbeat
+moves the deadline after each confirmed renewal (``send_time + remaining_ttl -
+safety_margin`` on the client's monotonic clock).
 
 When ownership is lost -- the server ends the heartbeat with a reason, or the
 trust deadline passes without a confirmed renewal, however healthy the stream
 looks -- the task running the block is cancelled, as ``asyncio.timeout`` does,
-and the ``async with`` raises :class:`~leasekeeper.LeaseLost` (reason
-``LEASE_EXPIRED`` for a passed trust deadline, the server's reason otherwise).
+and the ``async with`` raises :class:`~leasekeeper.LeaseLost`: for a passed
+trust deadline reason ``RUNTIME_EXCEEDED`` when the last confirmed answer
+already ended the lease at its runtime budget, else ``LEASE_EXPIRED``; the
+server's reason otherwise.
 
 Exiting stops the heartbeat (half-close) and releases the lease (best effort:
 a failed release is logged; the lease then ends by its ttl). An exception
 raised by the block propagates unchanged; the lease is released all the same.
 A block that exits normally after the trust deadline passed raises
-``LeaseLost``: its work may have run without the lease.
+``LeaseLost``: its work may have run without the lease. After a loss nothing
+stands between the block and the error: the stream is cancelled, not
+half-closed, and a lease that may still be ours is released in the background
+(within RELEASE_AFTER_LOSS_TIMEOUT_S, by a task of the client, which ``close()``
+waits for no longer than that).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from ._backoff import Backoff
-from ._heartbeat import HeartbeatKeeper
+from ._heartbeat import STOP_TIMEOUT_S, HeartbeatKeeper, beat_interval_s
 from ._owner import new_request_id
 from ._trust import TrustWindow, default_safety_margin
 from ._types import ClaimResult, LeaseInfo, to_duration
@@ -69,7 +77,9 @@ _NOT_OURS = frozenset(
 _CLAIM_RETRY_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
-MIN_BEAT_INTERVAL_S = 0.01
+RELEASE_AFTER_LOSS_TIMEOUT_S = 2.0
+"""Seconds the background release of a lost lease may take, if the call timeout is longer (a
+dead network would take all of it); the lease ends by its ttl if it does not get through."""
 CLAIM_BACKOFF_INITIAL_S = 0.05
 CLAIM_BACKOFF_MAX_S = 2.0
 
@@ -146,15 +156,15 @@ class HeldLease:
         if self._completed:
             return None
         if self._loss is None and self._window.expired():
-            self._loss = LeaseLost("LEASE_EXPIRED", self.task_id, self.fence)
+            self._loss = LeaseLost(self._window.loss_reason, self.task_id, self.fence)
         return self._loss
 
     def check(self) -> None:
         """Raise if the lease may not be acted on any more.
 
         Raises:
-            LeaseLost: The lease is lost (reason from the server, or LEASE_EXPIRED
-                for a passed trust deadline).
+            LeaseLost: The lease is lost (reason from the server, or LEASE_EXPIRED /
+                RUNTIME_EXCEEDED for a passed trust deadline).
 
         """
         loss = self.loss
@@ -275,21 +285,31 @@ class HeldLease:
         self._body_task.cancel()
 
     async def _finish(self, release: bool) -> None:
-        """Stop the heartbeat and release (best effort)."""
+        """Stop the heartbeat and release (best effort; in the background after a loss)."""
         if self._keeper is not None:
-            await self._keeper.stop()
+            # After a loss there is no OK to wait for: cancel the stream at once.
+            await self._keeper.stop(timeout_s=0.0 if self.lost else STOP_TIMEOUT_S)
         if not release or self._released:
             return
         self._released = True
-        loss = self._loss
-        if loss is not None and loss.reason in _NOT_OURS:
-            return
+        loss = self.loss  # judged again: the trust deadline may have passed while stopping
+        if loss is None:
+            await self._release(timeout_s=None, level=logging.WARNING)
+        elif loss.reason not in _NOT_OURS:
+            self._client._spawn(
+                self._release(timeout_s=RELEASE_AFTER_LOSS_TIMEOUT_S, level=logging.INFO),
+                name=f"leasekeeper-release-{self.task_id}",
+            )
+
+    async def _release(self, *, timeout_s: float | None, level: int) -> None:
+        """Release this fence (within ``timeout_s`` if below the call timeout); log a failure."""
         try:
-            await self._client.release(self.task_id, self.fence)
+            await self._client._release(self.task_id, self.fence, False, timeout_s)
         except LeaseLost:
             pass  # already gone; nothing to give back
         except LeaseError as error:
-            logger.warning(
+            logger.log(
+                level,
                 "release of %s/%s fence %d failed (the lease ends by its ttl): %s",
                 self.namespace,
                 self.task_id,
@@ -320,8 +340,8 @@ class LeaseHold:
       its own request id, for a new incarnation and supersede the first).
 
     The trust safety margin defaults to ``min(1 s, ttl / 10)``; beats go every
-    ttl / 3. With ``ttl_s`` None (the server's default ttl) the granted
-    remaining ttl stands in for ttl.
+    ``heartbeat_interval_s``, by default ttl / 3. With ``ttl_s`` None (the
+    server's default ttl) the granted remaining ttl stands in for ttl.
     """
 
     def __init__(
@@ -334,6 +354,7 @@ class LeaseHold:
         wait_s: float | None,
         safety_margin_s: float | None,
         release_on_exit: bool,
+        heartbeat_interval_s: float | None = None,
     ) -> None:
         self._client = client
         self._task_id = task_id
@@ -341,6 +362,7 @@ class LeaseHold:
         self._max_runtime_s = max_runtime_s
         self._wait_s = wait_s
         self._safety_margin_s = safety_margin_s
+        self._heartbeat_interval_s = heartbeat_interval_s
         self._release_on_exit = release_on_exit
         self._lease: HeldLease | None = None
         self._task: asyncio.Task[object] | None = None
@@ -359,9 +381,6 @@ class LeaseHold:
         except BaseException:
             self._client._unmark_held(self._task_id)
             raise
-        if self._lease._window.expired():  # the grant arrived too late to act on
-            await self._exit_cleanup()
-            raise LeaseLost("LEASE_EXPIRED", self._task_id, self._lease.fence)
         self._lease._body_active = True
         return self._lease
 
@@ -379,7 +398,9 @@ class LeaseHold:
         if lease._cancelled_body:
             mine = self._task.uncancel() <= self._cancelling
             if mine and (exc is None or isinstance(exc, asyncio.CancelledError)):
-                raise (loss or LeaseLost("LEASE_EXPIRED", lease.task_id, lease.fence)) from exc
+                raise (
+                    loss or LeaseLost(lease._window.loss_reason, lease.task_id, lease.fence)
+                ) from exc
             return
         if exc is None and loss is not None:
             raise loss
@@ -392,6 +413,13 @@ class LeaseHold:
             self._client._unmark_held(self._task_id)
 
     def _start(self, result: ClaimResult, task: asyncio.Task[object]) -> HeldLease:
+        """Trust the grant and start its heartbeat.
+
+        Raises:
+            LeaseLost: The grant arrived after its own trust deadline (a late
+                reply); nothing is started or sent for its fence.
+
+        """
         assert result.lease is not None
         client, info = self._client, result.lease
         ttl_s = self._ttl_s if self._ttl_s is not None else info.remaining_ttl
@@ -400,8 +428,16 @@ class LeaseHold:
             if self._safety_margin_s is not None
             else default_safety_margin(ttl_s)
         )
-        window = TrustWindow(margin_s, client.clock)
-        window.confirm(result.send_time, info.remaining_ttl)
+        window = TrustWindow(margin_s, client.clock, info.runtime_deadline)
+        window.confirm(result.send_time, info.remaining_ttl, expire_time=info.expire_time)
+        if window.expired():
+            raise LeaseLost(
+                window.loss_reason,
+                info.task_id,
+                info.fence,
+                message=f"lease lost: the grant arrived after its trust deadline "
+                f"({window.loss_reason})",
+            )
         lease = HeldLease(client, info, window)
         lease._body_task = task
         first = pb.HeartbeatRequest(
@@ -414,7 +450,7 @@ class LeaseHold:
         lease._keeper = HeartbeatKeeper(
             open_stream=client._open_heartbeat,
             first_request=first,
-            interval_s=max(ttl_s / 3.0, MIN_BEAT_INTERVAL_S),
+            interval_s=beat_interval_s(self._heartbeat_interval_s, ttl_s),
             window=window,
             on_lost=lease._on_lost,
             clock=client.clock,

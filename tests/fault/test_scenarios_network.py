@@ -282,7 +282,7 @@ async def test_holder_network_black_holed_work_stops_before_expire_time_replacem
             # Granted only once the holder's lease had expired, on the database clock.
             assert after["claim_time"] >= seen["expire_time"], (dict(after), dict(seen))
 
-            lost = await holder.wait_event("lost")  # after its release timed out
+            lost = await holder.wait_event("lost")  # its release goes on in the background
             assert lost["reason"] == "LEASE_EXPIRED"
             assert await holder.finish() == 3, holder.report()
         finally:

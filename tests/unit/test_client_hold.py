@@ -6,7 +6,9 @@ for a fixed expiry.
 """
 
 import asyncio
+import logging
 from collections import deque
+from datetime import timedelta
 
 import grpc
 import pytest
@@ -15,12 +17,14 @@ from google.rpc import error_details_pb2, status_pb2
 
 from leasekeeper import (
     ClaimTimeout,
+    InvalidArgument,
     LeaseClient,
     LeaseLost,
     LeaseUnavailable,
     TaskCompleted,
     TaskNotFound,
 )
+from leasekeeper import lease as lease_module
 from leasekeeper.errors import NotAcquired
 from leasekeeper.v1 import lease_service_pb2 as pb
 
@@ -91,9 +95,13 @@ class FakeLeaseServer:
         self.stream_script: deque = deque()  # per new stream: None or an error after 1st answer
         self.granted_ttl_s = TTL_S
         self.on_release_complete = None
+        self.timeouts: dict[str, list[float | None]] = {}  # per method, each call's deadline
+        self.hung: set[str] = set()  # methods never answered (a dead network)
 
     async def unary(self, name: str, request):
         await asyncio.sleep(0)
+        if name in self.hung:
+            await asyncio.Event().wait()
         if name in self.unary_errors:
             raise self.unary_errors[name]
         if name == "Claim":
@@ -126,6 +134,8 @@ class FakeLeaseServer:
             )
         if name == "GetLease":
             return pb.GetLeaseResponse(lease=pb.Lease(task_id=request.task_id))
+        if name == "Renew":
+            return pb.RenewResponse(lease=self.lease(request))
         raise AssertionError(f"unexpected {name}")
 
     def lease(self, request) -> pb.Lease:
@@ -168,9 +178,19 @@ class FakeChannel:
     def unary_unary(self, method, request_serializer=None, response_deserializer=None, **_):
         name = method.rsplit("/", 1)[1]
 
-        # Same signature as a grpc.aio multicallable.
+        # Same signature as a grpc.aio multicallable, deadline included.
         async def call(request, timeout=None, **__):  # noqa: ASYNC109
-            return await self.server.unary(name, request)
+            self.server.timeouts.setdefault(name, []).append(timeout)
+            try:
+                async with asyncio.timeout(timeout):
+                    return await self.server.unary(name, request)
+            except TimeoutError:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.aio.Metadata(),
+                    grpc.aio.Metadata(),
+                    details="Deadline Exceeded",
+                ) from None
 
         return call
 
@@ -292,7 +312,8 @@ async def test_hold_black_holed_stream_loses_lease_at_trust_deadline(server, cli
     assert caught.value.reason == "LEASE_EXPIRED"
     # trust deadline = ttl - margin (0.03 s) after the claim was sent
     assert TTL_S - 0.03 - 0.01 <= elapsed < TTL_S + 0.5
-    assert [r.fence for r in server.releases] == [1]  # expired may still be released
+    await poll(lambda: server.releases)  # expired may still be released: in the background
+    assert [r.fence for r in server.releases] == [1]
 
 
 async def test_hold_unavailable_stream_reopens_with_same_fence(server, client):
@@ -485,3 +506,158 @@ async def test_iter_leases_follows_page_tokens(server, client):
     ids = [info.task_id async for info in client.iter_leases(state="HELD", page_size=1)]
     assert ids == ["a", "b"]
     assert [r.state for r in requests] == [pb.TASK_STATE_HELD] * 2
+
+
+async def test_hold_loss_on_hung_network_raises_before_the_release_gives_up(
+    server, client, monkeypatch, caplog
+):
+    monkeypatch.setattr(lease_module, "RELEASE_AFTER_LOSS_TIMEOUT_S", 0.2)
+    caplog.set_level(logging.INFO, logger="leasekeeper")
+    server.silent = True
+    server.hung.add("Release")  # the release is never answered
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(LeaseLost):
+        async with client.hold("t1", ttl=TTL_S):
+            await asyncio.sleep(10)
+    assert loop.time() - started < TTL_S + 0.5  # not behind the release
+    await poll(lambda: not client._background)  # the release gave up by its own timeout
+    assert server.timeouts["Release"] == [0.2]
+    records = [r for r in caplog.records if r.name == "leasekeeper.lease"]
+    assert [(r.levelname, r.exc_info) for r in records] == [("INFO", None)]  # one quiet line
+    assert "release of ns/t1 fence 1 failed" in records[0].getMessage()
+
+
+async def test_close_lets_a_background_release_get_through(server, client):
+    server.silent = True
+    with pytest.raises(LeaseLost):
+        async with client.hold("t1", ttl=TTL_S):
+            await asyncio.sleep(10)
+    assert len(client._background) == 1 and server.releases == []  # not started yet
+    await client.close()
+    assert [r.fence for r in server.releases] == [1]
+    assert not client._background
+
+
+async def test_close_gives_up_on_a_hung_background_release(server, client, monkeypatch):
+    monkeypatch.setattr(lease_module, "RELEASE_AFTER_LOSS_TIMEOUT_S", 0.2)
+    server.silent = True
+    server.hung.add("Release")
+    with pytest.raises(LeaseLost):
+        async with client.hold("t1", ttl=TTL_S):
+            await asyncio.sleep(10)
+    loop = asyncio.get_running_loop()
+    closing = loop.time()
+    await client.close()
+    assert loop.time() - closing < 1.0
+    assert not client._background
+
+
+async def test_hold_grant_past_its_trust_deadline_raises_and_sends_nothing(server, client):
+    ticks = [0.0]
+
+    async def late_claim(name, request):
+        answer = await original(name, request)
+        if name == "Claim":
+            ticks[0] += TTL_S  # the reply took the whole ttl to arrive
+        return answer
+
+    original, server.unary = server.unary, late_claim
+    client._clock = lambda: ticks[0]
+    with pytest.raises(LeaseLost) as caught:
+        async with client.hold("t1", ttl=TTL_S):
+            pytest.fail("entered a lease whose trust deadline had passed")
+    assert (caught.value.reason, caught.value.fence) == ("LEASE_EXPIRED", 1)
+    assert "after its trust deadline" in str(caught.value)
+    assert server.streams == [] and server.releases == []
+    assert client._background == set()
+    server.unary = original
+    async with client.hold("t1", ttl=TTL_S):  # the task was not left marked held
+        pass
+
+
+async def test_hold_trust_deadline_at_runtime_budget_raises_runtime_exceeded(server, client):
+    budget_end = pb.Lease().expire_time
+    budget_end.FromSeconds(1_000)
+
+    def lease(request) -> pb.Lease:  # every answer: the lease ends at its runtime budget
+        message = pb.Lease(
+            namespace=request.namespace,
+            task_id=request.task_id,
+            owner_id=request.owner_id,
+            fence=server.fence,
+            state=pb.TASK_STATE_HELD,
+            remaining_ttl=duration(TTL_S),
+        )
+        message.expire_time.CopyFrom(budget_end)
+        message.runtime_deadline.CopyFrom(budget_end)
+        return message
+
+    server.lease = lease
+    server.silent = True
+    with pytest.raises(LeaseLost) as caught:
+        async with client.hold("t1", ttl=TTL_S * 10, safety_margin=0.03):
+            await asyncio.sleep(10)
+    assert caught.value.reason == "RUNTIME_EXCEEDED"
+
+
+@pytest.mark.parametrize(
+    ("ttl", "interval", "problem"),
+    [
+        (1.0, 0.51, "at least 2 beats per ttl"),
+        (1.0, 1.0, "at least 2 beats per ttl"),
+        (1.0, 0.001, "at least 0.01 s"),
+        (None, 0.1, "explicit ttl"),
+    ],
+)
+def test_hold_heartbeat_interval_out_of_bounds_raises_value_error_at_the_call(
+    server, client, ttl, interval, problem
+):
+    with pytest.raises(ValueError, match="heartbeat_interval") as caught:
+        client.hold("t1", ttl=ttl, heartbeat_interval=interval)
+    assert isinstance(caught.value, InvalidArgument)
+    [(field, description)] = caught.value.field_violations
+    assert field == "heartbeat_interval" and problem in description
+    assert server.claims == []
+
+
+async def test_hold_heartbeat_interval_of_half_the_ttl_is_used(server, client, monkeypatch):
+    intervals = []
+    original = lease_module.HeartbeatKeeper
+
+    def keeper(**kwargs):
+        intervals.append(kwargs["interval_s"])
+        return original(**kwargs)
+
+    monkeypatch.setattr(lease_module, "HeartbeatKeeper", keeper)
+    async with client.hold("t1", ttl=1.0, heartbeat_interval=timedelta(seconds=0.5)):
+        pass
+    async with client.hold("t1", ttl=0.9):
+        pass
+    assert intervals == [0.5, pytest.approx(0.3)]
+
+
+async def test_renew_returns_send_time_and_is_bounded_by_the_trust_deadline(server, client):
+    ticks = [50.0]
+    client._clock = lambda: ticks[0]
+    renewed = await client.renew("t1", 1, ttl=TTL_S, trust_deadline=52.0)
+    assert renewed.send_time == 50.0 and renewed.remaining_ttl == TTL_S
+    assert renewed.trust_deadline(0.03) == pytest.approx(50.0 + TTL_S - 0.03)
+    assert server.timeouts["Renew"] == [2.0]  # the trust deadline, not the 10 s call timeout
+    await client.renew("t1", 1)
+    assert server.timeouts["Renew"][-1] == 10.0
+
+    ticks[0] = 52.0
+    with pytest.raises(LeaseLost) as caught:
+        await client.renew("t1", 1, trust_deadline=52.0)
+    assert caught.value.reason == "LEASE_EXPIRED"
+    assert len(server.timeouts["Renew"]) == 2  # nothing sent
+
+
+async def test_renew_unanswered_by_the_trust_deadline_raises_lease_lost(server, client):
+    server.hung.add("Renew")
+    deadline = client.clock() + 0.1
+    with pytest.raises(LeaseLost) as caught:
+        await client.renew("t1", 1, trust_deadline=deadline)
+    assert caught.value.reason == "LEASE_EXPIRED"
+    assert caught.value.__cause__.code is grpc.StatusCode.DEADLINE_EXCEEDED

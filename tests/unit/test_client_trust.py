@@ -1,6 +1,7 @@
 """TrustWindow and Backoff: pure timing logic, driven by an injected clock."""
 
 import random
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -74,6 +75,35 @@ def test_confirm_unrenewed_answer_never_extends():
     assert window.deadline == pytest.approx(129.0)
     window.confirm(106.0, 10.0, renewed=False)
     assert window.deadline == pytest.approx(115.0)
+
+
+BUDGET_END = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("runtime_deadline", "expire_times", "reason"),
+    [
+        (BUDGET_END, [BUDGET_END - timedelta(seconds=1)], "LEASE_EXPIRED"),
+        (BUDGET_END, [BUDGET_END], "RUNTIME_EXCEEDED"),  # renewals capped at the budget
+        (BUDGET_END, [BUDGET_END - timedelta(seconds=9), BUDGET_END], "RUNTIME_EXCEEDED"),
+        (None, [BUDGET_END], "LEASE_EXPIRED"),  # budget unknown
+        (BUDGET_END, [None], "LEASE_EXPIRED"),  # answer without an expire_time
+    ],
+)
+def test_loss_reason_follows_the_answer_that_set_the_deadline(
+    runtime_deadline, expire_times, reason
+):
+    window = TrustWindow(1.0, FakeClock(100.0), runtime_deadline)
+    for send_time, expire_time in enumerate(expire_times, start=100):
+        window.confirm(float(send_time), 5.0, expire_time=expire_time)
+    assert window.loss_reason == reason
+
+
+def test_loss_reason_ignores_a_stale_answer():
+    window = TrustWindow(1.0, FakeClock(100.0), BUDGET_END)
+    window.confirm(110.0, 5.0, expire_time=BUDGET_END)
+    window.confirm(100.0, 5.0, expire_time=BUDGET_END - timedelta(seconds=10))
+    assert window.loss_reason == "RUNTIME_EXCEEDED"
 
 
 def test_window_negative_margin_raises_value_error():
