@@ -3,21 +3,19 @@
 Every check raises :class:`~leasekeeper_server.errors.InvalidArgument` naming
 the field (INVALID_ARGUMENT for the caller) before anything is read or
 written. The rules are CONTRACT.md's "Bad input": ids are 1..max_id_bytes
-bytes of UTF-8 without control characters, compared byte for byte (a claim's
-request_id too, when set; empty means none); ttls lie in [min_ttl, max_ttl]
+bytes of UTF-8 without control characters or bidirectional controls, not only
+whitespace, compared byte for byte (a claim's request_id too, when set; empty
+means none); ttls lie in [min_ttl, max_ttl]
 (unset means the default); fences are >= 1; enum values must be known; page
 sizes at most 1000.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import unicodedata
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
@@ -47,8 +45,26 @@ class LeaseRef:
     fence: int
 
 
+# Unicode's Bidi_Control characters: ALM, LRM and RLM (U+061C, U+200E, U+200F),
+# the embeddings and overrides (U+202A-U+202E) and the isolates (U+2066-U+2069).
+# Invisible, and able to reorder what a table or a log line shows around them,
+# so that one id displays as another (Trojan Source, CVE-2021-42574).
+BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+
+
 def identifier(field: str, value: str, max_bytes: int) -> str:
-    """Checks an opaque id: 1..max_bytes bytes of UTF-8, no control characters or NUL."""
+    """Checks an opaque id: the one rule of every id (CONTRACT.md "Bad input").
+
+    1..max_bytes bytes of UTF-8; no control characters (NUL included) and no
+    bidirectional controls (:data:`BIDI_CONTROLS`); not only whitespace (it
+    would read as empty in a table). Otherwise kept as sent: spaces inside or
+    around an id are part of it, compared byte for byte.
+
+    Raises:
+        InvalidArgument: (INVALID_ARGUMENT) naming ``field``.
+    """
     size = len(value.encode("utf-8", "surrogatepass"))
     if size == 0:
         raise InvalidArgument(field, "must not be empty")
@@ -57,6 +73,14 @@ def identifier(field: str, value: str, max_bytes: int) -> str:
     for ch in value:
         if unicodedata.category(ch) in ("Cc", "Cs"):
             raise InvalidArgument(field, f"contains control character U+{ord(ch):04X}")
+        if ch in BIDI_CONTROLS:
+            raise InvalidArgument(
+                field,
+                f"contains bidirectional control character U+{ord(ch):04X}, "
+                "which can make it display as another id",
+            )
+    if value.isspace():
+        raise InvalidArgument(field, "must not be only whitespace")
     return value
 
 
@@ -67,8 +91,8 @@ def request_id(value: str, max_bytes: int) -> str | None:
         The request id, or None when the request carries none.
 
     Raises:
-        InvalidArgument: (INVALID_ARGUMENT, field ``request_id``) over ``max_bytes``
-            bytes of UTF-8, or a control character or NUL in it.
+        InvalidArgument: (INVALID_ARGUMENT, field ``request_id``) a request id
+            that breaks the rules of ids (:func:`identifier`).
     """
     return identifier("request_id", value, max_bytes) if value else None
 

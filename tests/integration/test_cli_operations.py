@@ -340,6 +340,8 @@ async def test_tokens_create_expires_in_sets_expire_time_on_the_database_clock(
     [
         (("--role", "root", "--namespace", "ns"), "--role"),
         (("--role", "worker", "--namespace", "a*b"), "--namespace"),
+        (("--role", "worker", "--namespace", " "), "--namespace"),  # the rule of every id
+        (("--role", "worker", "--namespace", "team-\u202e*"), "--namespace"),
         (("--role", "worker", "--namespace", "ns", "--expires-in", "0"), "--expires-in"),
         (("--role", "worker", "--namespace", "ns", "--expires-in", "-5"), "--expires-in"),
         (("--role", "worker"), "--namespace"),
@@ -475,6 +477,24 @@ async def test_limits_set_bad_values_exit_2_naming_the_option_and_change_nothing
     assert (code, out) == (2, "")
     assert named in err and err.count("\n") <= 5 and "Traceback" not in err
     assert await _limits_row(db, namespace) is None
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (" ", "must not be only whitespace"),
+        ("ns\u2067x\u2069", "contains bidirectional control character U+2067"),
+    ],
+    ids=["whitespace", "bidi-isolate"],
+)
+async def test_limits_set_unreadable_namespace_exit_2_naming_it(database_url, db, bad, why):
+    code, out, err = await run_cli(
+        "limits", "set", bad, "--max-leases", "3", env=_db_env(database_url)
+    )
+    assert (code, out) == (2, "")
+    assert f"namespace: {why}" in err, err
+    assert "Traceback" not in err
+    assert await _limits_row(db, bad) is None
 
 
 async def test_limits_clear_without_a_limit_is_a_usage_error(database_url, namespace):

@@ -105,6 +105,13 @@ def _list_effects(**kw: Any) -> Callable[[str], pb.ListEffectsRequest]:
     return build
 
 
+def _revoke(**kw: Any) -> Callable[[str], pb.RevokeRequest]:
+    def build(ns: str) -> pb.RevokeRequest:
+        return pb.RevokeRequest(**{"namespace": ns, "task_id": "t", "reason": "why", **kw})
+
+    return build
+
+
 def _raw(data: bytes) -> Callable[[str], bytes]:
     return lambda ns: data
 
@@ -261,8 +268,24 @@ async def test_request_bad_input_invalid_argument_names_field_changes_nothing(
 
 @pytest.mark.parametrize(
     "task_id",
-    ["x" * 256, "\u00e9" * 128, "\U0001f600" * 64, " ", "a b"],
-    ids=["256-ascii", "256-byte-utf8", "256-byte-emoji", "space", "inner-space"],
+    [
+        "x" * 256,
+        "\u00e9" * 128,
+        "\U0001f600" * 64,
+        "a b",
+        " a ",
+        "\u05de\u05e9\u05d9\u05de\u05d4-1",  # Hebrew letters: right to left by themselves
+        "\U0001f469\u200d\U0001f467",  # a zero-width joiner is not a bidirectional control
+    ],
+    ids=[
+        "256-ascii",
+        "256-byte-utf8",
+        "256-byte-emoji",
+        "inner-space",
+        "spaces-around",
+        "hebrew",
+        "emoji-zwj-sequence",
+    ],
 )
 async def test_claim_ids_at_limits_accepted(stub, namespace, task_id):
     reply = await stub.Claim(
@@ -280,3 +303,100 @@ async def test_claim_ttl_at_bounds_accepted(stub, namespace, ttl_s):
     )
 
     assert reply.acquired
+
+
+# Ids a reader cannot tell apart in a table or a log: made only of whitespace
+# (it reads as empty), or holding one of Unicode's bidirectional controls
+# (an override, embedding or isolate U+202A-U+202E, U+2066-U+2069, or a
+# mark U+200E, U+200F, U+061C), which can reorder what is shown around it so
+# that one id displays as another (Trojan Source, CVE-2021-42574).
+UNREADABLE_IDS = [
+    " ",
+    "\u3000\u00a0\u2003",  # ideographic, no-break and em spaces
+    "ab\u202ecd",  # RIGHT-TO-LEFT OVERRIDE: shows as "abdc"
+    "ab\u202a",  # LEFT-TO-RIGHT EMBEDDING
+    "a\u2067b-1\u2069",  # RIGHT-TO-LEFT ISOLATE ... POP DIRECTIONAL ISOLATE
+    "a\u200fb",  # RIGHT-TO-LEFT MARK
+    "1\u200e",  # LEFT-TO-RIGHT MARK
+    "\u061c7",  # ARABIC LETTER MARK
+]
+
+ID_FIELDS = [
+    ("Claim", _claim, "namespace"),
+    ("Claim", _claim, "task_id"),
+    ("Claim", _claim, "owner_id"),
+    ("Claim", _claim, "request_id"),
+    ("Renew", _renew, "namespace"),
+    ("Renew", _renew, "task_id"),
+    ("Renew", _renew, "owner_id"),
+    ("Release", _release, "namespace"),
+    ("Release", _release, "task_id"),
+    ("Release", _release, "owner_id"),
+    ("ValidateFence", _validate, "namespace"),
+    ("ValidateFence", _validate, "task_id"),
+    ("GetLease", _get, "namespace"),
+    ("GetLease", _get, "task_id"),
+    ("ListLeases", _list, "namespace"),
+    ("ListLeases", _list, "owner_id"),
+    ("BeginEffect", _begin, "namespace"),
+    ("BeginEffect", _begin, "task_id"),
+    ("BeginEffect", _begin, "effect_key"),
+    ("CompleteEffect", _complete, "namespace"),
+    ("CompleteEffect", _complete, "task_id"),
+    ("CompleteEffect", _complete, "effect_key"),
+    ("ListEffects", _list_effects, "namespace"),
+    ("ListEffects", _list_effects, "task_id"),
+    ("Revoke", _revoke, "namespace"),
+    ("Revoke", _revoke, "task_id"),
+    ("Revoke", _revoke, "reason"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "build", "field"), ID_FIELDS, ids=[f"{m}-{f}" for m, _, f in ID_FIELDS]
+)
+async def test_unreadable_id_invalid_argument_names_field_changes_nothing(
+    stub, namespace, db, method, build, field
+):
+    await grant(stub, namespace, "t", "a")
+    await stub.BeginEffect(_begin()(namespace))
+    before = await snapshot(db)
+
+    for value in UNREADABLE_IDS:
+        request = build(**{field: value})(namespace)
+        exc = await failure(getattr(stub, method)(request))
+        assert (exc.code(), bad_request_fields(exc)) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            [field],
+        ), (value, exc.details())
+
+    assert await snapshot(db) == before
+
+
+@pytest.mark.parametrize("field", ["namespace", "task_id", "owner_id"])
+async def test_heartbeat_unreadable_id_invalid_argument_names_field(stub, namespace, db, field):
+    await grant(stub, namespace, "t", "a")
+    before = await snapshot(db)
+
+    for value in UNREADABLE_IDS:
+        ids = {"namespace": namespace, "task_id": "t", "owner_id": "a", field: value}
+        call = stub.Heartbeat()
+        await call.write(pb.HeartbeatRequest(**ids, fence=1))
+        exc = await failure(call.read())
+        assert (exc.code(), bad_request_fields(exc)) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            [field],
+        ), (value, exc.details())
+
+    assert await snapshot(db) == before
+
+
+@pytest.mark.parametrize("field", ["namespace", "task_id"])
+async def test_watch_unreadable_id_invalid_argument_names_field(stub, namespace, field):
+    for value in UNREADABLE_IDS:
+        ids = {"namespace": namespace, "task_id": "t", field: value}
+        exc = await failure(stub.Watch(pb.WatchRequest(**ids)).read())
+        assert (exc.code(), bad_request_fields(exc)) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            [field],
+        ), (value, exc.details())

@@ -55,6 +55,7 @@ import grpc
 import pytest
 from google.protobuf import descriptor, duration_pb2
 from google.protobuf.message import DecodeError, Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -188,12 +189,27 @@ class Verdict:
 UNPARSEABLE = Verdict(frozenset({"request"}))
 
 
+# Unicode's bidirectional format characters: the embeddings, overrides and
+# isolates by their bidi class, and the three marks (LRM, RLM, ALM).
+BIDI_CLASSES = {"LRE", "RLE", "PDF", "LRO", "RLO", "LRI", "RLI", "FSI", "PDI"}
+BIDI_MARKS = "\u200e\u200f\u061c"
+
+
 def bad_id(value: str, limits: Limits, required: bool = True) -> bool:
-    """An id: 1..max_id_bytes bytes of UTF-8, no control character (Unicode Cc, NUL included)."""
+    """An id: 1..max_id_bytes bytes of UTF-8; no Cc (NUL too), no bidi control, not all space."""
     if not value:
         return required
     size = len(value.encode("utf-8"))
-    return size > limits.max_id_bytes or any(unicodedata.category(c) == "Cc" for c in value)
+    return (
+        size > limits.max_id_bytes
+        or value.isspace()
+        or any(
+            unicodedata.category(c) == "Cc"
+            or unicodedata.bidirectional(c) in BIDI_CLASSES
+            or c in BIDI_MARKS
+            for c in value
+        )
+    )
 
 
 def bad_duration(value: duration_pb2.Duration, low: Fraction, high: Fraction) -> bool:
@@ -290,13 +306,33 @@ def later_beat_verdict(
     return Verdict(frozenset(bad))
 
 
+def mistyped(message: Message) -> set[str]:
+    """Paths of declared fields that arrived with a wrong wire type, at any depth.
+
+    protobuf keeps such a field as an unknown field with a number the message
+    declares; the contract calls the request malformed, naming the field.
+    """
+    declared = message.DESCRIPTOR.fields_by_number
+    unknowns = UnknownFieldSet(message)
+    found = {
+        declared[unknowns[i].field_number].name
+        for i in range(len(unknowns))
+        if unknowns[i].field_number in declared
+    }
+    for fd, value in message.ListFields():
+        if fd.message_type is not None:  # request messages hold only singular Durations
+            found |= {f"{fd.name}.{path}" for path in mistyped(value)}
+    return found
+
+
 def body_verdict(method: str, body: bytes, limits: Limits) -> tuple[Verdict, Any]:
     """The verdict on a raw body and the message it parses to (None if it does not)."""
     try:
         message = REQUEST_TYPES[method].FromString(body)
     except DecodeError:
         return UNPARSEABLE, None
-    return verdict(message, limits), message
+    wrong = mistyped(message)
+    return (Verdict(frozenset(wrong)) if wrong else verdict(message, limits)), message
 
 
 # -- judging an answer -----------------------------------------------------------
@@ -342,6 +378,8 @@ def check_answer(method: str, error: grpc.aio.AioRpcError | None, expected: Verd
 CONTROL = ["\x00", "\x01", "\t", "\n", "\x1b", "\x1f", "\x7f", "\x80", "\x85", "\x9f"]
 # Not control characters: ids may hold them.
 UNUSUAL = ["\u2028", "\u200b", "\ufeff", "\ufffd", "\ue000", "\U0010ffff", " ", "\\", "'", "%"]
+# Bidirectional controls: no id may hold them.
+BIDI = ["\u202a", "\u202e", "\u2066", "\u2069", "\u200f", "\u061c"]
 WIDE = ["x", "\u00e9", "\u20ac", "\U0001f600"]  # 1, 2, 3 and 4 bytes of UTF-8
 
 
@@ -359,13 +397,14 @@ def ids(good: Sequence[str], prefix: str = "") -> st.SearchStrategy[str]:
     return st.one_of(
         st.sampled_from(good),
         st.just(""),
+        st.sampled_from([" ", "\u3000", " \u00a0 "]),  # only whitespace
         st.builds(lambda s: prefix + s, st.text(max_size=12)),
         st.builds(near_limit, st.just(prefix), st.sampled_from(WIDE), st.sampled_from([-1, 0, 1])),
         st.builds(lambda n: prefix + "x" * n, st.sampled_from([300, 5000])),
         st.builds(
             lambda base, char, at: base[:at] + char + base[at:],
             st.sampled_from(good),
-            st.sampled_from(CONTROL + UNUSUAL),
+            st.sampled_from(CONTROL + UNUSUAL + BIDI),
             st.integers(len(prefix), 64),
         ),
     )
@@ -756,7 +795,11 @@ async def test_heartbeat_malformed_message_clean_status_changes_nothing(
         assert (await read_one(call)) == (True, None)
         expected = UNPARSEABLE
         try:
-            expected = later_beat_verdict(pb.HeartbeatRequest.FromString(body), good, limits)
+            later = pb.HeartbeatRequest.FromString(body)
+            wrong = mistyped(later)
+            expected = (
+                Verdict(frozenset(wrong)) if wrong else later_beat_verdict(later, good, limits)
+            )
         except DecodeError:
             pass
     else:
