@@ -1,7 +1,8 @@
 """The composition root: wires settings, database, store, streams and the gRPC server.
 
-Start-up order: migrate, open the pool, listen for lease notifications,
-serve. Shutdown (SIGTERM/SIGINT) order: health NOT_SERVING, end heartbeat
+Start-up order: check that the database connection keeps its session
+(pooling.py: no transaction-mode pooler), migrate, open the pool, listen for
+lease notifications, serve. Shutdown (SIGTERM/SIGINT) order: health NOT_SERVING, end heartbeat
 streams with UNAVAILABLE (their leases live on in the database), stop taking
 calls and let unary calls finish within the grace period, close the database.
 """
@@ -30,6 +31,8 @@ from .limits import LimitsCache
 from .metrics import Metrics
 from .migrate import migrate
 from .observe import ObserveInterceptor
+from .paging import PageTokens
+from .pooling import check_session_pooling
 from .servicer import SERVICE_NAME, LeaseServicer, method_handlers
 from .settings import Settings
 from .store import Store
@@ -40,22 +43,39 @@ from .watch import WatchService
 log = logging.getLogger(__name__)
 
 SERVER_OPTIONS = (
-    # Let clients probe idle connections, so a dead peer is found in seconds.
+    # Let clients probe idle connections (up to a ping a second), so they find a dead server fast.
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
     ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
 )
 
 
-def server_options(settings: Settings) -> tuple[tuple[str, int], ...]:
-    """SERVER_OPTIONS plus ``grpc.so_reuseport``: 1 in one of several workers, else 0.
+def keepalive_options(settings: Settings) -> tuple[tuple[str, int], ...]:
+    """The server's pings: a dead or cut-off client is dropped within keepalive_time_s + timeout_s.
 
-    Two unrelated servers on one port would split clients silently, so a lone
+    gRPC core waits for a ping's ack for ``grpc.http2.ping_timeout_ms`` (60 s
+    when unset), not for ``grpc.keepalive_timeout_ms``: without the former, a
+    black-holed connection stayed open 70 s with a 10 s + 5 s promise. The
+    latter still sets TCP_USER_TIMEOUT on the accepted sockets (Linux): data
+    unacknowledged that long by the client's kernel closes the connection too.
+    """
+    timeout_ms = round(settings.keepalive_timeout_s * 1000)
+    return (
+        ("grpc.keepalive_time_ms", round(settings.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", timeout_ms),
+        ("grpc.http2.ping_timeout_ms", timeout_ms),
+    )
+
+
+def server_options(settings: Settings) -> tuple[tuple[str, int], ...]:
+    """SERVER_OPTIONS, the keepalive options, and ``grpc.so_reuseport``.
+
+    ``grpc.so_reuseport`` is 1 in one of several workers, else 0: two
+    unrelated servers on one port would split clients silently, so a lone
     server fails on a taken port; ``serve --workers N`` shares it on purpose.
     """
-    return (("grpc.so_reuseport", 1 if settings.workers > 1 else 0), *SERVER_OPTIONS)
+    reuseport = ("grpc.so_reuseport", 1 if settings.workers > 1 else 0)
+    return (reuseport, *SERVER_OPTIONS, *keepalive_options(settings))
 
 
 def resolve_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
@@ -113,6 +133,8 @@ class LeaseServer:
             DatabaseUnavailable: the database cannot be reached.
             RuntimeError: the listen address cannot be bound.
             ValueError: the token file or the TLS files cannot be loaded.
+            TransactionPooling: (a DatabaseRefused) the database URL leads to
+                a pooler in transaction mode.
         """
         s = self.settings
         # Files first: a bad token file or certificate fails the start at once.
@@ -120,8 +142,12 @@ class LeaseServer:
         self.certificates = CertificateFiles(tls_files) if tls_files else None
         token_file = TokenFile(s.tokens_file) if auth_enabled(s) and s.tokens_file else None
         log_startup(s, tls=tls_files is not None)
+        # Before migrating: under transaction pooling the migration's own
+        # statements and session lock already fail.
+        await check_session_pooling(self._dsn, s.connect_timeout_s)
         await migrate(self._dsn)
         self._store = store = await Store.open(self._dsn, s, self.metrics.db_statements.inc)
+        page_tokens = PageTokens(await store.page_token_key())
         self._events = LeaseEvents(self._dsn, s.health_interval_s, s.connect_timeout_s)
         await self._events.start()
         self.heartbeats = HeartbeatService(store, self._events, s, self.metrics)
@@ -162,6 +188,7 @@ class LeaseServer:
                         events=self._events,
                         limits=self.limits,
                         watches=self.watches,
+                        page_tokens=page_tokens,
                     )
                 ),
             )

@@ -2,6 +2,7 @@
 
 ::
 
+    leasekeeper --version             print the installed version
     leasekeeper serve [--workers N]   start the service (embedded PostgreSQL if no URL is set)
     leasekeeper migrate               apply the schema migrations and exit
     leasekeeper leases list [-n NS] [--state STATE | --expired] [--owner OWNER] [--limit N]
@@ -18,9 +19,19 @@ Settings come from ``LEASEKEEPER_*`` environment variables (see settings.py).
 and need only the thin client; ``tokens`` and ``limits`` write the database
 directly, found as ``migrate`` finds it. Listings print aligned tables by
 default (instants ISO 8601 UTC, durations in seconds) and JSON with ``--json``
-(one object per line, keys the proto's field names). Exit codes: 0 done, 1 a
-failed call (one line: the gRPC status code and message), 2 a usage error,
-141 when standard output's reader went away (``| head``), as after SIGPIPE.
+(one object per line, keys the proto's field names).
+
+Exit codes, each failure reported in one line on standard error:
+
+- 0: done.
+- 1: it failed, and may work later: a failed call (the gRPC status code and
+  message), a database out of reach (``serve``: for ``startup_wait_s``), a
+  listen address another process holds (named, with its variable).
+- 2: it can never work as given: a usage error, an invalid ``LEASEKEEPER_*``
+  setting (a ``database_url`` asyncpg cannot parse included), a database that
+  refuses the connection for good (PostgreSQL's message: an unknown role, a
+  wrong password, a missing database). Retrying or restarting cannot help.
+- 141: standard output's reader went away (``| head``), as after SIGPIPE.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .app import LeaseServer
+    from .errors import DatabaseUnavailable
     from .settings import Settings
 
 SERVER_EXTRA_HINT = "the service needs its extras: pip install 'leasekeeper[server]'"
@@ -61,12 +73,16 @@ async def when_database_answers(
 
     Each failure is logged on one line; the wait between attempts doubles
     from 0.2 s up to 5 s. Gives up after ``settings.startup_wait_s`` seconds.
-    Any error other than DatabaseUnavailable leaves at once.
+    Any error other than DatabaseUnavailable leaves at once, and so does
+    DatabaseRefused (a role, password or database no retry fixes).
 
     Returns:
         Whether it succeeded.
+
+    Raises:
+        DatabaseRefused: the database refuses the connection for good.
     """
-    from .errors import DatabaseUnavailable
+    from .errors import DatabaseRefused, DatabaseUnavailable
 
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + settings.startup_wait_s
@@ -75,6 +91,8 @@ async def when_database_answers(
         try:
             await attempt()
             return True
+        except DatabaseRefused:
+            raise
         except DatabaseUnavailable as exc:
             left_s = give_up_at - loop.time()
             if left_s <= 0:
@@ -97,8 +115,12 @@ async def _start_when_database_answers(settings: Settings, dsn: str) -> LeaseSer
     Each failed attempt is undone (pool, listener).
 
     Returns:
-        The serving server, or None when the database never answered in time
-        or a token file or certificate cannot be used.
+        The serving server, or None when the database never answered in time,
+        a token file or certificate cannot be used, or a listen address
+        cannot be bound (each logged in one line).
+
+    Raises:
+        DatabaseRefused: the database refuses the connection for good.
     """
     from .app import LeaseServer
 
@@ -116,15 +138,48 @@ async def _start_when_database_answers(settings: Settings, dsn: str) -> LeaseSer
     try:
         if not await when_database_answers(settings, attempt):
             return None
-    except ValueError as exc:  # a token file or certificate that cannot be used
+    # A token file or certificate that cannot be used (ValueError); an address
+    # taken since _check_listen_free (gRPC: RuntimeError, metrics: OSError).
+    except (ValueError, RuntimeError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return None
     return started[0]
 
 
+# The settings naming an address a lone server listens on.
+LISTEN_SETTINGS = ("listen", "health_listen", "metrics_listen")
+
+
+def _check_listen_free(settings: Settings) -> None:
+    """Checks that every listen address of ``settings`` can be bound now.
+
+    Done before the database is touched, so a taken port is said at once in
+    one line (gRPC would only fail after the migrations, with its own noise).
+
+    Raises:
+        OSError: an address is taken or cannot be bound; the message names it
+            and its ``LEASEKEEPER_*`` variable.
+    """
+    from .workers import check_free
+
+    for name in LISTEN_SETTINGS:
+        listen = getattr(settings, name)
+        if listen:
+            try:
+                check_free(listen)
+            except OSError as exc:
+                variable = f"LEASEKEEPER_{name.upper()}"
+                raise OSError(exc.errno, f"{exc.strerror} ({variable})") from exc
+
+
 async def _serve(settings: Settings) -> int:
     from .app import resolve_database
 
+    try:
+        _check_listen_free(settings)
+    except OSError as exc:
+        log.error("cannot start: %s", exc.strerror or exc)
+        return 1
     dsn, embedded = resolve_database(settings)
     try:
         server = await _start_when_database_answers(settings, dsn)
@@ -147,7 +202,7 @@ async def _serve(settings: Settings) -> int:
             embedded.stop()
 
 
-async def _migrate(settings: Settings) -> None:
+async def _migrate(settings: Settings) -> int:
     from .app import resolve_database
     from .migrate import migrate
 
@@ -155,6 +210,7 @@ async def _migrate(settings: Settings) -> None:
     try:
         applied = await migrate(dsn)
         print(f"applied {len(applied)} migration(s): {applied}" if applied else "schema up to date")
+        return 0
     finally:
         if embedded is not None:
             embedded.stop()
@@ -167,6 +223,16 @@ def _worker_count(text: str) -> int:
     return int(text)
 
 
+def installed_version() -> str:
+    """The ``leasekeeper`` distribution's version, from its installed metadata."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("leasekeeper")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line grammar."""
     from . import cli_admin, cli_remote
@@ -176,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="The leasekeeper command: serve, migrate, inspect and operate.",
         epilog="Listings print aligned tables; add --json for JSON (one object per line).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="start the service")
     serve.add_argument(
@@ -265,7 +332,7 @@ def _command(argv: Sequence[str] | None) -> int:
     # The embedded PostgreSQL is driven through subprocesses; grpc's fork
     # handlers have nothing to do for fork+exec and only log noise about it.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-    from . import cli_admin, cli_remote
+    from . import cli_remote
 
     args = build_parser().parse_args(argv)
     if args.command in cli_remote.COMMANDS:
@@ -288,6 +355,22 @@ def _command(argv: Sequence[str] | None) -> int:
         )
         return 2
     _configure_logging(settings)
+    from .errors import DatabaseUnavailable
+
+    try:
+        return _database_command(settings, args)
+    except DatabaseUnavailable as exc:
+        return _database_failed(settings, exc)
+
+
+def _database_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Runs ``serve``, ``migrate``, ``tokens`` or ``limits``; returns the exit code.
+
+    Raises:
+        DatabaseUnavailable: the database could not be used (DatabaseRefused: for good).
+    """
+    from . import cli_admin
+
     if args.command == "serve":
         if args.workers is not None:
             settings = settings.model_copy(update={"workers": args.workers})
@@ -296,11 +379,25 @@ def _command(argv: Sequence[str] | None) -> int:
 
             return asyncio.run(supervise(settings))
         return run_service(_serve(settings))
-    elif args.command == "migrate":
-        asyncio.run(_migrate(settings))
-    elif args.command in cli_admin.COMMANDS:
-        return asyncio.run(cli_admin.run(settings, args))
-    return 0
+    if args.command == "migrate":
+        return asyncio.run(_migrate(settings))
+    assert args.command in cli_admin.COMMANDS, args.command
+    return asyncio.run(cli_admin.run(settings, args))
+
+
+def _database_failed(settings: Settings, exc: DatabaseUnavailable) -> int:
+    """Says in one line why the database could not be used; returns the exit code.
+
+    2 for a refusal no retry fixes (DatabaseRefused: PostgreSQL's message, an
+    unknown role, a wrong password, a missing database), as for any setting
+    that can never work; 1 for a database out of reach, which may come back.
+    """
+    from .errors import DatabaseRefused
+
+    refused = isinstance(exc, DatabaseRefused)
+    variable = "LEASEKEEPER_DATABASE_URL: " if refused and settings.database_url else ""
+    print(f"leasekeeper: {variable}{exc}", file=sys.stderr)
+    return 2 if refused else 1
 
 
 if __name__ == "__main__":

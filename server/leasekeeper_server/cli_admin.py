@@ -16,7 +16,8 @@ They find the database as ``serve`` and ``migrate`` do: ``LEASEKEEPER_DATABASE_U
 else the embedded PostgreSQL in the data directory. Every server applies a
 change at once (the database announces it on channel ``leasekeeper_config``).
 Listings print an aligned table, or JSON (one object per line) with ``--json``.
-A bad option value exits 2; a database that cannot be reached exits 1.
+A bad option value exits 2; a database that cannot be used exits 1, or 2 when
+it refuses the connection for good (cli.py says why, in one line).
 """
 
 from __future__ import annotations
@@ -191,14 +192,16 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
     """Runs one database command; returns its exit code.
 
     Returns:
-        0 on success; 1 when the database cannot be reached, is not migrated,
-        or (``tokens revoke``) there is nothing to revoke; 2 for a bad option
-        value (one line on stderr naming the option).
+        0 on success; 1 when the database is not migrated, or (``tokens
+        revoke``) there is nothing to revoke; 2 for a bad option value (one
+        line on stderr naming the option).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be used (DatabaseRefused: for good).
     """
     import asyncpg
 
     from .app import resolve_database
-    from .errors import DatabaseUnavailable
     from .store import connection_settings, translate_errors
 
     session = {**connection_settings(settings), "application_name": "leasekeeper-cli"}
@@ -231,9 +234,6 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
             "leasekeeper: the database schema is not up to date: run `leasekeeper migrate`",
             file=sys.stderr,
         )
-        return 1
-    except DatabaseUnavailable as exc:
-        print(f"leasekeeper: {exc}", file=sys.stderr)
         return 1
     except asyncpg.PostgresError as exc:  # one line, no traceback
         print(f"leasekeeper: the database refused the change: {exc}", file=sys.stderr)

@@ -18,6 +18,7 @@
     │   └── ClaimRateLimit          the namespace's claims per second are spent
     └── ServiceUnavailable    retry the call                      -> UNAVAILABLE
         ├── DatabaseUnavailable   the database cannot be reached
+        │   └── DatabaseRefused       it refuses us for good: no retry helps
         └── ShuttingDown          the server is draining
 
 The mapping to gRPC lives in one table, in ``status.py``. These errors never
@@ -188,6 +189,17 @@ class DatabaseUnavailable(ServiceUnavailable):
     """The database could not be reached or did not answer in time."""
 
     reason = "DATABASE_UNAVAILABLE"
+
+
+class DatabaseRefused(DatabaseUnavailable):
+    """The database refuses the connection for a reason no retry fixes.
+
+    An unknown role, a wrong password, a client address it does not admit, a
+    database that does not exist, or connection parameters the driver cannot
+    use: the configuration must change. A caller of a serving server still
+    gets UNAVAILABLE (another replica may be configured right); at start the
+    commands exit at once (cli.py) instead of retrying.
+    """
 
 
 class ShuttingDown(ServiceUnavailable):

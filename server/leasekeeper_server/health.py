@@ -1,17 +1,32 @@
-"""The gRPC health service, SERVING only while the database answers.
+"""The gRPC health service, SERVING only while requests can be decided.
 
-A monitor pings the database every ``health_interval_s``; both the overall
-health ("") and ``leasekeeper.v1.LeaseService`` follow it (readiness: route
-calls here only while the database answers). ``leasekeeper.liveness`` is
-SERVING as long as the process serves, whatever the database does (liveness:
-a database outage must not restart every replica). On shutdown the health
-service enters graceful shutdown (NOT_SERVING, for good).
+Every ``health_interval_s`` the monitor checks, and decides from the
+outcomes of the database statements on the request path that ended since its
+previous check (``Store.outcomes``): **NOT_SERVING when there was at least
+one and every one failed** without deciding (the database out of reach or
+refusing the service's statements: see ``store.py``); SERVING otherwise. When
+no request used the database since the previous check, the check first sends
+a ping along the same path (``Store.ping``: a pooled connection, a prepared
+statement, the task table), so an idle server is judged too, and a server
+taken out of rotation notices when it can serve again.
+
+Both the overall health ("") and ``leasekeeper.v1.LeaseService`` follow it
+(readiness: route calls here only while they can be decided).
+``leasekeeper.liveness`` is SERVING as long as the process serves, whatever
+the database does (liveness: a database outage must not restart every
+replica). On shutdown the health service enters graceful shutdown
+(NOT_SERVING, for good).
+
+The log says when health changes, in one line, and while it stays
+NOT_SERVING repeats it at most every ``REPEAT_S`` seconds with the count of
+failed statements: never one line per failed statement.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
@@ -24,10 +39,12 @@ log = logging.getLogger(__name__)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 LIVENESS = "leasekeeper.liveness"
+# While NOT_SERVING, the least time between two log lines, seconds.
+REPEAT_S = 60.0
 
 
 class HealthMonitor:
-    """Keeps the health service in step with the database."""
+    """Keeps the health service in step with whether requests can be decided."""
 
     def __init__(self, store: Store, service_names: list[str], interval_s: float) -> None:
         self.servicer = health_aio.HealthServicer()
@@ -36,6 +53,9 @@ class HealthMonitor:
         self._interval_s = interval_s
         self._serving: bool | None = None
         self._task: asyncio.Task[None] | None = None
+        # While NOT_SERVING: statements failed since the last log line, and its time.
+        self._failed_unlogged = 0
+        self._logged_at = 0.0
 
     async def start(self) -> None:
         """Checks once now, then keeps checking in the background."""
@@ -55,17 +75,47 @@ class HealthMonitor:
             await self._check()
 
     async def _check(self) -> None:
-        try:
-            await asyncio.wait_for(self._store.ping(), self._interval_s * 2 + 1)
-            serving = True
-        except (DatabaseUnavailable, TimeoutError) as exc:
-            serving = False
-            if self._serving is not False:
-                log.warning("database unreachable; health NOT_SERVING: %s", exc)
+        outcomes = self._store.outcomes
+        if not outcomes.ended:
+            try:
+                await asyncio.wait_for(self._store.ping(), self._interval_s * 2 + 1)
+            except DatabaseUnavailable:
+                pass  # the store counted it
+            except TimeoutError as exc:  # cancelled inside the store: counted here
+                outcomes.failure(exc)
+        tally = outcomes.take()
+        serving = tally.succeeded > 0 or tally.failed == 0
+        self._log(serving, tally.failed, tally.last_failure or "ping unanswered")
         if serving == self._serving:
             return
-        if serving and self._serving is False:
-            log.info("database reachable again; health SERVING")
         self._serving = serving
         for name in self._names:
             await self.servicer.set(name, SERVING if serving else NOT_SERVING)
+
+    def _log(self, serving: bool, failed: int, last_failure: str) -> None:
+        """One line when health changes; while NOT_SERVING, one every REPEAT_S at most."""
+        now = time.monotonic()
+        if serving:
+            if self._serving is False:
+                log.info("database statements succeed again; health SERVING")
+            return
+        self._failed_unlogged += failed
+        if self._serving is not False:
+            log.warning(
+                "requests cannot be decided: all %d database statement(s) since the last "
+                "check failed (last: %s); health NOT_SERVING",
+                failed,
+                last_failure,
+            )
+        elif now - self._logged_at >= REPEAT_S:
+            log.warning(
+                "health still NOT_SERVING: %d database statement(s) failed in the last %.0f s "
+                "(last: %s)",
+                self._failed_unlogged,
+                now - self._logged_at,
+                last_failure,
+            )
+        else:
+            return
+        self._failed_unlogged = 0
+        self._logged_at = now

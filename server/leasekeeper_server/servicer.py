@@ -20,6 +20,7 @@ from .ledger import EffectLedger
 from .limits import LimitsCache
 from .metrics import EffectEvent, Metrics
 from .model import ClaimOutcome, TaskKey, fence_loss
+from .paging import PageTokens
 from .rpc import parse_or_malformed, unary
 from .settings import Settings
 from .store import Store
@@ -44,6 +45,7 @@ class LeaseServicer:
         events: LeaseEvents,
         limits: LimitsCache,
         watches: WatchService,
+        page_tokens: PageTokens,
     ) -> None:
         self._store = store
         self._ledger = ledger
@@ -53,6 +55,7 @@ class LeaseServicer:
         self._events = events
         self._limits = limits
         self._watches = watches
+        self._page_tokens = page_tokens
 
     @unary
     async def Claim(self, request: pb.ClaimRequest, context: Any) -> pb.ClaimResponse:
@@ -192,14 +195,15 @@ class LeaseServicer:
         namespace = validate.identifier("namespace", request.namespace, s.max_id_bytes)
         state = validate.task_state_filter(request.state)
         size = validate.page_size(request.page_size)
-        after = validate.page_token(request.page_token, s)
         owner_id = validate.optional_identifier("owner_id", request.owner_id, s.max_id_bytes)
+        listing = ("ListLeases", namespace, state.value if state else None, owner_id)
+        after = self._page_tokens.position(listing, request.page_token)
         tasks, read_up_to = await self._store.list_tasks(
             namespace, after, size + 1, state, owner_id
         )
-        page, token = validate.split_page(tasks, size, lambda t: t.task_id)
+        page, token = self._page_tokens.page(listing, tasks, size, lambda t: t.task_id)
         if read_up_to is not None:  # a short page of a rare filter: go on after what was read
-            token = validate.encode_page_token(read_up_to)
+            token = self._page_tokens.issue(listing, read_up_to)
         return pb.ListLeasesResponse(leases=[convert.lease(t) for t in page], next_page_token=token)
 
     @unary
@@ -245,9 +249,10 @@ class LeaseServicer:
         task = validate.task_key(request, s)
         state = validate.effect_state_filter(request.state)
         size = validate.page_size(request.page_size)
-        after = validate.page_token(request.page_token, s)
+        listing = ("ListEffects", task.namespace, task.task_id, state.value if state else None)
+        after = self._page_tokens.position(listing, request.page_token)
         records = await self._ledger.list(task, after, size + 1, state)
-        page, token = validate.split_page(records, size, lambda r: r.effect_key)
+        page, token = self._page_tokens.page(listing, records, size, lambda r: r.effect_key)
         return pb.ListEffectsResponse(
             effects=[convert.effect(r) for r in page], next_page_token=token
         )

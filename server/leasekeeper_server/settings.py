@@ -7,7 +7,7 @@ checked at start-up: a server never starts with settings it cannot honour.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,6 +18,37 @@ def default_data_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("leasekeeper")) / "pgdata"
+
+
+def database_url_problem(url: str) -> str | None:
+    """What makes ``url`` a URL asyncpg can never connect with, or None.
+
+    asyncpg's own DSN parser judges it (the one ``asyncpg.connect`` runs, with
+    the ``PG*`` environment variables it also reads), so the rule is the
+    driver's; only the ports it returns are checked further (1..65535: it
+    accepts 99999, which a connection would silently wrap). When this asyncpg
+    does not expose its parser with the expected keyword arguments, nothing is
+    said here and a connection reports the same problem (store.translate_errors).
+    """
+    import inspect
+
+    from asyncpg import connect_utils
+
+    parse: Any = getattr(connect_utils, "_parse_connect_dsn_and_args", None)
+    try:
+        signature = inspect.signature(parse)
+        others = {name: None for name in signature.parameters if name != "dsn"}
+        signature.bind(dsn=url, **others)
+    except (TypeError, ValueError):  # no parser, or another signature: leave it to connect
+        return None
+    try:
+        addresses = parse(dsn=url, **others)[0]
+    except Exception as exc:  # whatever the parser raises, connect would raise too
+        return f"not a PostgreSQL URL asyncpg can use (postgresql://user@host:port/db): {exc}"
+    for address in addresses:
+        if isinstance(address, tuple) and not 1 <= address[1] <= 65535:
+            return f"port {address[1]} of host {address[0]} is not in 1..65535"
+    return None
 
 
 # The largest ``max_id_bytes`` PostgreSQL can carry. Namespace and task_id
@@ -118,7 +149,26 @@ class Settings(BaseSettings):
         description="Time to open a database connection or take one from the pool.",
     )
     health_interval_s: float = Field(
-        default=1.0, gt=0, description="How often the database is pinged for the health service."
+        default=1.0,
+        gt=0,
+        description="How often the health service checks that calls can be decided "
+        "(from their statements; with none, a ping of the database).",
+    )
+    keepalive_time_s: float = Field(
+        default=10.0,
+        ge=1,
+        le=7200,
+        description="A client connection the server has read nothing from for this long "
+        "gets an HTTP/2 ping.",
+    )
+    keepalive_timeout_s: float = Field(
+        default=5.0,
+        ge=1,
+        le=600,
+        description="A ping unanswered this long, or data the client's kernel has not "
+        "acknowledged this long (TCP_USER_TIMEOUT), closes the connection and ends its "
+        "calls and streams: a dead or cut-off client is dropped within "
+        "keepalive_time_s + keepalive_timeout_s.",
     )
     max_claim_wait_s: float = Field(
         default=60.0,
@@ -206,6 +256,15 @@ class Settings(BaseSettings):
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"{value!r} is not host:port with a port in 0..65535")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        """A URL asyncpg can connect with (database_url_problem); empty: unset."""
+        problem = database_url_problem(value) if value else None
+        if problem:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")

@@ -4,9 +4,12 @@ Each method runs one named statement from ``sql/queries.sql`` (and, to
 classify a statement that changed no row, at most one read). Every decision
 is taken by the statement itself on the database clock; this module adds no
 clock of its own. Driver errors are translated here, at one edge: a database
-that cannot be reached, refuses connections, is shutting down, or does not
-answer within the statement timeout becomes
-:class:`~leasekeeper_server.errors.DatabaseUnavailable` (UNAVAILABLE).
+that cannot be reached, refuses connections, is shutting down, does not
+answer within the statement timeout, or cannot run the service's statements
+(a privilege taken from the service's role, prepared statements lost to a
+pooler) becomes :class:`~leasekeeper_server.errors.DatabaseUnavailable`
+(UNAVAILABLE). The same edge tells ``outcomes`` how each request's use of the
+database ended: the health check decides from it (``health.py``).
 """
 
 from __future__ import annotations
@@ -23,14 +26,17 @@ from . import queries
 from .batch import Coalescer
 from .errors import (
     ClaimRateLimit,
+    DatabaseRefused,
     DatabaseUnavailable,
     LeaseLimit,
     LeaseLost,
+    LeaseServiceError,
     TaskCompleted,
     TaskNotFound,
 )
 from .limits import NO_LIMITS, NamespaceLimits, refill, wait_for_token_s
 from .model import ZERO, ClaimOutcome, LossReason, Task, TaskKey, TaskState, owner_loss
+from .outcomes import StatementOutcomes
 from .settings import Settings
 from .validate import LeaseRef
 
@@ -59,6 +65,24 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     # operation is in progress"): seen when PostgreSQL ends a session in the
     # middle of an operation (a crash, a restart). The connection is dropped.
     asyncpg.exceptions.InternalClientError,
+    # The database answers but cannot run the service's statements; no request
+    # is at fault, and the call may succeed later or on another replica:
+    asyncpg.exceptions.InsufficientPrivilegeError,  # 42501: the service's role lost a privilege
+    # 26000 and 42P05: a pooler in transaction mode ran a prepared statement on
+    # another session (pooling.py refuses one at start; a pool changed since).
+    asyncpg.exceptions.InvalidSQLStatementNameError,
+    asyncpg.exceptions.DuplicatePreparedStatementError,
+)
+
+
+# Errors that mean "the database refuses this connection for good": the role,
+# password, client address or database name (SQLSTATE classes 28 and 3D), or
+# parameters the driver cannot use. Checked before _UNAVAILABLE (the driver's
+# ClientConfigurationError is an InterfaceError): retrying cannot help.
+_REFUSED: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.InvalidAuthorizationSpecificationError,  # class 28
+    asyncpg.exceptions.InvalidCatalogNameError,  # 3D000: no such database
+    asyncpg.exceptions.ClientConfigurationError,
 )
 
 
@@ -82,9 +106,11 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
 
 @contextlib.contextmanager
 def translate_errors() -> Iterator[None]:
-    """Turns driver and network errors into DatabaseUnavailable."""
+    """Turns driver and network errors into DatabaseUnavailable (DatabaseRefused: for good)."""
     try:
         yield
+    except _REFUSED as exc:
+        raise DatabaseRefused(f"cannot connect to the database: {exc}") from exc
     except _UNAVAILABLE as exc:
         raise DatabaseUnavailable(f"database unavailable: {type(exc).__name__}") from exc
 
@@ -167,6 +193,7 @@ class Store:
         # Each kind of batch keeps a connection of the batch pool while it works
         # (one batch of a kind is in flight at a time): no pool checkout per batch.
         self._batch_conns: dict[str, asyncpg.Connection] = {}
+        self.outcomes = StatementOutcomes()
 
     @classmethod
     async def open(
@@ -235,9 +262,29 @@ class Store:
             except _UNAVAILABLE:  # includes TimeoutError
                 pool.terminate()
 
+    @contextlib.contextmanager
+    def _outcome(self) -> Iterator[None]:
+        """Tells ``outcomes`` how the request's use of the database in this block ended.
+
+        A success, or a decision the block raised (a lost lease, a limit); a
+        failure when it ends in DatabaseUnavailable, except a lock timeout (a
+        row another call holds: the database works). Anything else (a bug, a
+        cancelled call) tells nothing.
+        """
+        try:
+            yield
+        except DatabaseUnavailable as exc:
+            if not isinstance(exc.__cause__, asyncpg.exceptions.LockNotAvailableError):
+                self.outcomes.failure(exc)
+            raise
+        except LeaseServiceError:
+            self.outcomes.success()
+            raise
+        self.outcomes.success()
+
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
-        with translate_errors():
+        with self._outcome(), translate_errors():
             async with self._pool.acquire(timeout=self._settings.connect_timeout_s) as conn:
                 try:
                     yield conn
@@ -259,7 +306,11 @@ class Store:
         Raises:
             DatabaseUnavailable: the database cannot be reached (or refused).
         """
-        sql = self._sql[kind]
+        with self._outcome():
+            return await self._fetch_kept(kind, self._sql[kind], *args)
+
+    async def _fetch_kept(self, kind: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+        """``_batch_fetch`` without the outcome: one try, and one more on a new connection."""
         for attempt in (1, 2):
             kept = self._batch_conns.pop(kind, None)
             with translate_errors():
@@ -317,12 +368,23 @@ class Store:
             return list(await conn.fetch(self._sql[name], *args))
 
     async def ping(self) -> None:
-        """Checks the database answers.
+        """Checks the database runs a request's kind of statement (see ``ping`` in queries.sql).
 
         Raises:
             DatabaseUnavailable: it does not.
         """
         await self._fetchrow("ping")
+
+    async def page_token_key(self) -> bytes:
+        """The key that signs page tokens, the same for every replica (read once, at start).
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached.
+        """
+        row = await self._fetchrow("page_token_key")
+        if row is None:  # migration 0007 stores it, and nothing deletes it
+            raise RuntimeError("leasekeeper_page_token_key holds no key")
+        return bytes(row["key"])
 
     async def get_task(self, key: TaskKey) -> Task | None:
         """The task's current row with the database clock, or None if never claimed.

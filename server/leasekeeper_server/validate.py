@@ -33,8 +33,6 @@ _MAX_DURATION_SECONDS = 315_576_000_000  # google.protobuf.Duration's own bound
 _NANOS_PER_SECOND = 1_000_000_000
 MAX_DIGEST_BYTES = 64  # room for SHA-512; SHA-256 is 32
 
-Row = TypeVar("Row")
-
 
 @dataclass(frozen=True, slots=True)
 class LeaseRef:
@@ -231,32 +229,6 @@ def page_size(value: int) -> int:
     if not 1 <= value <= MAX_PAGE_SIZE:
         raise InvalidArgument("page_size", f"must lie in [1, {MAX_PAGE_SIZE}], got {value}")
     return value
-
-
-def encode_page_token(last_task_id: str) -> str:
-    """An opaque token naming the last task of a page."""
-    return base64.urlsafe_b64encode(last_task_id.encode()).decode()
-
-
-def split_page(rows: list[Row], size: int, key: Callable[[Row], str]) -> tuple[list[Row], str]:
-    """One page of rows fetched as ``size + 1``, and the token of the next page ('' if last).
-
-    The token names the page's last row by ``key`` (keyset pagination).
-    """
-    if len(rows) <= size:
-        return rows, ""
-    return rows[:size], encode_page_token(key(rows[size - 1]))
-
-
-def page_token(value: str, settings: Settings) -> str:
-    """Decodes a page token to the task_id the next page starts after ('' for the first)."""
-    if not value:
-        return ""
-    try:
-        decoded = base64.urlsafe_b64decode(value.encode("ascii")).decode("utf-8")
-        return identifier("page_token", decoded, settings.max_id_bytes)
-    except (binascii.Error, UnicodeError, ValueError):
-        raise InvalidArgument("page_token", "is not a token this server issued") from None
 
 
 def _enum_name(field: str, enum_type: Any, value: int, prefix: str) -> str | None:

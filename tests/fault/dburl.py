@@ -20,3 +20,13 @@ def proxied(database_url: str, port: int) -> str:
     netloc = f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
     query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "host"])
     return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def replaced(database_url: str, *, role: str | None = None, database: str | None = None) -> str:
+    """``database_url`` with its role (user and password) or its database name replaced."""
+    parts = urlsplit(database_url)
+    if role is not None:
+        parts = parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}")
+    if database is not None:
+        parts = parts._replace(path=f"/{database}")
+    return urlunsplit(parts)

@@ -1,8 +1,15 @@
-"""The operator commands `leasekeeper leases list|get` and `effects list` against a real server."""
+"""The `leasekeeper` command against a real server and database.
+
+The operator commands `leases list|get` and `effects list`; how the commands
+that open the database (`migrate`, `tokens`, `limits`) report a database they
+cannot use; `--version`; and the container probe
+`python -m leasekeeper_server.healthcheck`.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import sys
@@ -10,7 +17,12 @@ import sys
 import pytest
 
 from leasekeeper.v1 import lease_service_pb2 as pb
-from tests.helpers import dur
+from leasekeeper_server.servicer import SERVICE_NAME
+from tests.conftest import running_server
+from tests.fault.dburl import database_address, proxied, replaced
+from tests.fault.processes import NOT_SERVING, QUICK_OUTAGE_SETTINGS, health_status
+from tests.fault.proxy import tcp_proxy
+from tests.helpers import dur, poll
 from tests.integration.contract_helpers import backdate
 
 CLI_TIMEOUT_S = 30.0
@@ -317,3 +329,94 @@ async def test_effects_list_shows_what_was_reserved_by_which_fence(server, stub,
     ]
     assert rows[1][-1] == "msg-7" and rows[0][-1] == "-"
     assert_aligned(out)
+
+
+# The commands that open the database themselves, as `migrate` does.
+DATABASE_COMMANDS = [("migrate",), ("tokens", "list"), ("limits", "list")]
+
+
+def assert_one_line(err: str, *names: str) -> None:
+    """``err`` is one line, no traceback, naming each of ``names``."""
+    assert "Traceback" not in err, err
+    assert err.startswith("leasekeeper: ") and err.count("\n") == 1, err
+    for name in names:
+        assert name in err, err
+
+
+@pytest.mark.parametrize("command", DATABASE_COMMANDS, ids=" ".join)
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"role": "nosuchrole"}, 'role "nosuchrole" does not exist'),
+        ({"database": "nosuchdatabase"}, 'database "nosuchdatabase" does not exist'),
+    ],
+    ids=["role", "database"],
+)
+async def test_database_command_refused_by_the_database_exits_2_with_its_message(
+    database_url, command, change, message
+):
+    env = {"LEASEKEEPER_DATABASE_URL": replaced(database_url, **change)}
+    code, out, err = await run_cli(*command, env=env)
+    assert (code, out) == (2, "")
+    assert_one_line(err, "LEASEKEEPER_DATABASE_URL", message)
+
+
+@pytest.mark.parametrize("command", DATABASE_COMMANDS, ids=" ".join)
+async def test_database_command_with_a_malformed_url_exits_2(command):
+    code, out, err = await run_cli(*command, env={"LEASEKEEPER_DATABASE_URL": "mysql://x"})
+    assert (code, out) == (2, "")
+    assert_one_line(err, "LEASEKEEPER_DATABASE_URL", "mysql")
+
+
+async def test_migrate_database_out_of_reach_prints_one_line_exits_1(unused_tcp_port):
+    url = f"postgresql://postgres@127.0.0.1:{unused_tcp_port}/postgres"
+    code, out, err = await run_cli("migrate", env={"LEASEKEEPER_DATABASE_URL": url})
+    assert (code, out) == (1, "")
+    assert_one_line(err, "database unavailable")
+
+
+async def test_version_prints_the_installed_package_version():
+    code, out, _ = await run_cli("--version")
+    assert (code, out) == (0, f"leasekeeper {importlib.metadata.version('leasekeeper')}\n")
+
+
+async def run_healthcheck(target: str) -> tuple[int, str, str]:
+    """Runs `python -m leasekeeper_server.healthcheck TARGET`; returns (code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "leasekeeper_server.healthcheck",
+        target,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_healthcheck_of_a_serving_server_prints_serving_exits_0(server):
+    assert await run_healthcheck(server.target) == (0, f"{server.target}: SERVING\n", "")
+
+
+async def test_healthcheck_of_a_server_without_its_database_prints_not_serving_exits_1(
+    database_url,
+):
+    async with tcp_proxy(*database_address(database_url)) as proxy:
+        url = proxied(database_url, proxy.port)
+        async with running_server(url, **QUICK_OUTAGE_SETTINGS) as running:
+            proxy.cut()
+
+            async def not_serving() -> bool:
+                return await health_status(running.target, 1.0, SERVICE_NAME) == NOT_SERVING
+
+            await poll(not_serving, "health NOT_SERVING once the database is cut")
+            result = await run_healthcheck(running.target)
+    assert result == (1, f"{running.target}: NOT_SERVING\n", "")
+
+
+async def test_healthcheck_of_nothing_listening_says_why_exits_1(unused_tcp_port):
+    target = f"127.0.0.1:{unused_tcp_port}"
+    code, out, err = await run_healthcheck(target)
+    assert (code, out) == (1, "")
+    assert err.startswith(f"{target}: cannot ask: UNAVAILABLE") and err.count("\n") == 1, err

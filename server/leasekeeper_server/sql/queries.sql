@@ -385,5 +385,14 @@ WHERE state = 'held' AND expiry_announced_fence IS DISTINCT FROM fence
   AND expire_time > clock_timestamp()
 GROUP BY namespace;
 
+-- name: page_token_key
+-- The key that signs page tokens (migrations/0007_page_token_key.sql); read
+-- once at server start.
+SELECT key FROM leasekeeper_page_token_key;
+
 -- name: ping
-SELECT 1;
+-- The health check's probe when no request has used the database since its
+-- last check (health.py). It takes the requests' path: a pooled connection, a
+-- prepared statement, the task table (whose privileges every decision needs),
+-- so a plain SELECT 1 answering cannot hide a database that decides nothing.
+SELECT 1 FROM leasekeeper_tasks LIMIT 0;

@@ -1,0 +1,169 @@
+"""Health follows whether requests can be decided, not whether ``SELECT 1`` answers.
+
+The server runs as a role of its own; the test takes that role's privileges
+on one table away (a real fault: every statement on it fails with a
+permission error, while the connection and ``SELECT 1`` still work) while a
+client keeps calling. Calls must end UNAVAILABLE at once, health must turn
+NOT_SERVING with one log line, not one per failed statement, and SERVING
+again once the privileges are back. The tasks table is what the health
+check's own ping reads; the effects table only the effect calls do, so there
+the failing calls themselves must be what turns health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from leasekeeper.v1 import lease_service_pb2 as pb
+from leasekeeper.v1 import lease_service_pb2_grpc as rpc
+from tests.conftest import running_server
+from tests.fault.dburl import replaced
+from tests.fault.processes import QUICK_OUTAGE_SETTINGS
+from tests.helpers import dur, error_info, poll
+
+pytestmark = [pytest.mark.timeout(30)]
+
+SERVICE = pb.DESCRIPTOR.services_by_name["LeaseService"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# A failing statement is answered within its own time; health follows within a
+# few checks (health_interval_s 0.2 s). Slack for a loaded machine.
+PROMPT_S = 2.0
+HEALTH_WITHIN_S = 5.0
+FAILED_CALLS = 30
+
+
+@contextlib.asynccontextmanager
+async def service_role(db: asyncpg.Connection) -> AsyncIterator[str]:
+    """A login role with every privilege on the service's tables; dropped afterwards.
+
+    CREATE on the schema: the server's migration step creates its bookkeeping
+    table if missing.
+    """
+    role = f"leasekeeper_svc_{uuid.uuid4().hex[:10]}"
+    await db.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        await db.execute(f'GRANT CREATE ON SCHEMA public TO "{role}"')
+        for kind in ("TABLES", "SEQUENCES"):
+            await db.execute(f'GRANT ALL ON ALL {kind} IN SCHEMA public TO "{role}"')
+        yield role
+    finally:
+        await db.execute(f'DROP OWNED BY "{role}"')
+        await db.execute(f'DROP ROLE "{role}"')
+
+
+async def health(stub: health_pb2_grpc.HealthStub, service: str) -> int:
+    return (await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)).status
+
+
+async def wait_health(stub: health_pb2_grpc.HealthStub, wanted: int) -> None:
+    async def both() -> bool:
+        return all([await health(stub, s) == wanted for s in ("", SERVICE)])
+
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(wanted)
+    await poll(both, f"health {name}", HEALTH_WITHIN_S, 0.05)
+
+
+@contextlib.asynccontextmanager
+async def calling(call: Callable[[], Awaitable[Any]]) -> AsyncIterator[list[grpc.StatusCode]]:
+    """Keeps making ``call`` one after another; yields the status code of each failed one."""
+    codes: list[grpc.StatusCode] = []
+
+    async def loop() -> None:
+        while True:
+            try:
+                await call()
+            except grpc.aio.AioRpcError as exc:
+                codes.append(exc.code())
+            await asyncio.sleep(0.02)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield codes
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@pytest.mark.parametrize("table", ["leasekeeper_tasks", "leasekeeper_effects"])
+async def test_health_not_serving_while_statements_fail_then_serving_again(
+    database_url: str,
+    db: asyncpg.Connection,
+    namespace: str,
+    table: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="leasekeeper_server")
+    async with (
+        service_role(db) as role,
+        running_server(replaced(database_url, role=role), **QUICK_OUTAGE_SETTINGS) as server,
+        grpc.aio.insecure_channel(server.target) as channel,
+    ):
+        stub = rpc.LeaseServiceStub(channel)
+        health_stub = health_pb2_grpc.HealthStub(channel)
+        claim = pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="o", ttl=dur(30))
+        lease = (await stub.Claim(claim, timeout=5)).lease
+        begin = pb.BeginEffectRequest(
+            namespace=namespace,
+            task_id="t",
+            fence=lease.fence,
+            effect_key="e",
+            policy=pb.EFFECT_POLICY_ONCE,
+        )
+        # The call each table's statements serve: the effect ledger's, or a claim of a new task.
+        claims = iter(range(10**6))
+
+        def call() -> Awaitable[Any]:
+            if table == "leasekeeper_effects":
+                return stub.BeginEffect(begin, timeout=5)
+            claim_other = pb.ClaimRequest(
+                namespace=namespace, task_id=f"u{next(claims)}", owner_id="o", ttl=dur(30)
+            )
+            return stub.Claim(claim_other, timeout=5)
+
+        await call()
+        assert await health(health_stub, "") == SERVING
+        caplog.clear()
+
+        await db.execute(f'REVOKE ALL ON {table} FROM "{role}"')
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call()
+        assert time.monotonic() - started < PROMPT_S
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+        assert error_info(caught.value).reason == "DATABASE_UNAVAILABLE"
+
+        async with calling(call) as failures:
+            await wait_health(health_stub, NOT_SERVING)
+
+            async def failed_enough() -> bool:
+                return len(failures) >= FAILED_CALLS
+
+            await poll(failed_enough, f"{FAILED_CALLS} calls failing", 10, 0.05)
+            await db.execute(f'GRANT ALL ON {table} TO "{role}"')
+            await wait_health(health_stub, SERVING)
+        assert set(failures) == {grpc.StatusCode.UNAVAILABLE}
+        await call()
+
+    # One line when health turned, one when it came back: not one per failed statement.
+    lines = [
+        r.getMessage() for r in caplog.records if r.name.startswith("leasekeeper_server.health")
+    ]
+    assert len(lines) == 2, lines
+    assert "NOT_SERVING" in lines[0] and "permission denied" in lines[0], lines
+    assert "SERVING" in lines[1], lines
+    # No failed statement is a bug: none is logged as an internal error (with its traceback).
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
