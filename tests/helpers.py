@@ -20,6 +20,22 @@ def dur(seconds: float) -> duration_pb2.Duration:
     return d
 
 
+def varint(value: int) -> bytes:
+    """``value`` in protobuf's base-128 varint encoding (a negative one as ten bytes)."""
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def tag(number: int, wire_type: int) -> bytes:
+    """A protobuf field's key: its number and wire type."""
+    return varint(number << 3 | wire_type)
+
+
 def error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
     """The single ErrorInfo of a failed call (asserts there is exactly one)."""
     status = rpc_status.from_call(error)

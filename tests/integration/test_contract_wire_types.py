@@ -22,7 +22,7 @@ from google.protobuf import descriptor
 from google.protobuf.message import Message
 
 from leasekeeper.v1 import lease_service_pb2 as pb
-from tests.helpers import bad_request_fields, dur, error_info
+from tests.helpers import bad_request_fields, dur, error_info, tag, varint
 from tests.integration.contract_helpers import failure, grant, row, snapshot
 
 pytestmark = pytest.mark.timeout(30)
@@ -31,19 +31,10 @@ SERVICE = pb.DESCRIPTOR.services_by_name["LeaseService"]
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _field(number: int, wire_type: int) -> bytes:
     """One field with a small payload of ``wire_type``."""
     payload = {VARINT: b"\x05", I64: bytes(8), LEN: b"\x01x", I32: bytes(4)}[wire_type]
-    return _varint(number << 3 | wire_type) + payload
+    return tag(number, wire_type) + payload
 
 
 def _natural_wire_type(field: descriptor.FieldDescriptor) -> int:
@@ -71,7 +62,7 @@ def _mistyped_copies(message: descriptor.Descriptor) -> Iterator[tuple[str, byte
         yield field.name, _field(field.number, _wrong_wire_type(field))
         if field.message_type is not None:
             for path, inner in _mistyped_copies(field.message_type):
-                parent = _varint(field.number << 3 | LEN) + _varint(len(inner)) + inner
+                parent = tag(field.number, LEN) + varint(len(inner)) + inner
                 yield f"{field.name}.{path}", parent
 
 
@@ -190,7 +181,7 @@ async def test_claim_ttl_sent_as_varint_invalid_argument_names_ttl(channel, name
 
 async def test_undeclared_field_numbers_accepted_top_level_and_nested(channel, namespace):
     request = pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="a", ttl=dur(7))
-    ttl_with_field_15 = b"\x22" + _varint(2) + _field(15, VARINT)  # merged into ttl
+    ttl_with_field_15 = b"\x22" + varint(2) + _field(15, VARINT)  # merged into ttl
     body = request.SerializeToString() + _field(999, VARINT) + _field(998, LEN) + ttl_with_field_15
     call = channel.unary_unary(_path("Claim"), request_serializer=None, response_deserializer=None)
 

@@ -63,7 +63,7 @@ from hypothesis import strategies as st
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.conftest import RunningServer
-from tests.helpers import bad_request_fields, error_info
+from tests.helpers import bad_request_fields, error_info, tag, varint
 from tests.integration.contract_helpers import grant, snapshot
 
 pytestmark = pytest.mark.timeout(300)
@@ -593,20 +593,6 @@ def messages(message_type: type[Message], namespace: str) -> st.SearchStrategy[A
 
 
 # -- malformed bodies --------------------------------------------------------------
-
-
-def varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # negative numbers travel as ten bytes
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def tag(number: int, wire_type: int) -> bytes:
-    return varint(number << 3 | wire_type)
 
 
 def payload(wire_type: int, data: bytes, number: int) -> bytes:
