@@ -1,7 +1,7 @@
 """The composition root: wires settings, database, store, streams and the gRPC server.
 
 Start-up order: check that the database connection keeps its session
-(pooling.py: no transaction-mode pooler), migrate, open the pool, listen for
+(pooling.py: no transaction- or statement-mode pooler), migrate, open the pool, listen for
 lease notifications, serve. Shutdown (SIGTERM/SIGINT) order: health NOT_SERVING, end heartbeat
 streams with UNAVAILABLE (their leases live on in the database), stop taking
 calls and let unary calls finish within the grace period, close the database.
@@ -86,6 +86,27 @@ def resolve_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
     return embedded.start(), embedded
 
 
+async def prepare_database(dsn: str, connect_timeout_s: float) -> None:
+    """Refuses a pooler that cannot work (pooling.py), then applies the migrations.
+
+    Before migrating: under transaction pooling the migration's own statements
+    and session lock already fail. Run by every LeaseServer's start, and once by
+    the ``serve --workers`` supervisor before its workers.
+
+    Args:
+        dsn: The PostgreSQL URL.
+        connect_timeout_s: The pooling probe's longest wait, seconds.
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+        TransactionPooling: (a DatabaseRefused) the URL leads to a pooler in
+            transaction or statement mode.
+        DatabaseRefused: the database refuses the connection for good.
+    """
+    await check_session_pooling(dsn, connect_timeout_s)
+    await migrate(dsn)
+
+
 class LeaseServer:
     """One leasekeeper server process's service, on one database."""
 
@@ -134,7 +155,7 @@ class LeaseServer:
             RuntimeError: the listen address cannot be bound.
             ValueError: the token file or the TLS files cannot be loaded.
             TransactionPooling: (a DatabaseRefused) the database URL leads to
-                a pooler in transaction mode.
+                a pooler in transaction or statement mode.
         """
         s = self.settings
         # Files first: a bad token file or certificate fails the start at once.
@@ -142,10 +163,7 @@ class LeaseServer:
         self.certificates = CertificateFiles(tls_files) if tls_files else None
         token_file = TokenFile(s.tokens_file) if auth_enabled(s) and s.tokens_file else None
         log_startup(s, tls=tls_files is not None)
-        # Before migrating: under transaction pooling the migration's own
-        # statements and session lock already fail.
-        await check_session_pooling(self._dsn, s.connect_timeout_s)
-        await migrate(self._dsn)
+        await prepare_database(self._dsn, s.connect_timeout_s)
         self._store = store = await Store.open(self._dsn, s, self.metrics.db_statements.inc)
         page_tokens = PageTokens(await store.page_token_key())
         self._events = LeaseEvents(self._dsn, s.health_interval_s, s.connect_timeout_s)

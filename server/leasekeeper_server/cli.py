@@ -30,7 +30,9 @@ Exit codes, each failure reported in one line on standard error:
 - 2: it can never work as given: a usage error, an invalid ``LEASEKEEPER_*``
   setting (a ``database_url`` asyncpg cannot parse included), a database that
   refuses the connection for good (PostgreSQL's message: an unknown role, a
-  wrong password, a missing database). Retrying or restarting cannot help.
+  wrong password, a missing database; ``serve``: a pooler in transaction or
+  statement mode). Retrying or restarting cannot help. ``serve --workers``
+  says each of these once, as ``serve`` does.
 - 141: standard output's reader went away (``| head``), as after SIGPIPE.
 """
 
@@ -175,11 +177,6 @@ def _check_listen_free(settings: Settings) -> None:
 async def _serve(settings: Settings) -> int:
     from .app import resolve_database
 
-    try:
-        _check_listen_free(settings)
-    except OSError as exc:
-        log.error("cannot start: %s", exc.strerror or exc)
-        return 1
     dsn, embedded = resolve_database(settings)
     try:
         server = await _start_when_database_answers(settings, dsn)
@@ -374,6 +371,12 @@ def _database_command(settings: Settings, args: argparse.Namespace) -> int:
     if args.command == "serve":
         if args.workers is not None:
             settings = settings.model_copy(update={"workers": args.workers})
+        # Before the database is touched, with workers or without.
+        try:
+            _check_listen_free(settings)
+        except OSError as exc:
+            log.error("cannot start: %s", exc.strerror or exc)
+            return 1
         if settings.workers > 1:
             from .workers import supervise
 

@@ -1,10 +1,12 @@
 """``leasekeeper serve --workers N``: N server processes on one port and one database.
 
-The ``serve`` process becomes a supervisor. It resolves the database once
-(starting the embedded PostgreSQL when no URL is set), applies the migrations
-once, reserves the listen port, and starts N workers: fresh interpreters
-(``python -m leasekeeper_server.workers``, never a fork) that each run the
-normal ``LeaseServer`` with ``grpc.so_reuseport`` 1, so the kernel spreads
+The ``serve`` process becomes a supervisor. Having checked its listen
+addresses are free (as a lone ``serve`` does), it resolves the database once
+(starting the embedded PostgreSQL when no URL is set), refuses a pooler that
+cannot work and applies the migrations once (a refusal for good exits 2 in
+one line, as a lone ``serve`` does), reserves the listen port, and starts N
+workers: fresh interpreters (``python -m leasekeeper_server.workers``, never
+a fork) that each run the normal ``LeaseServer`` with ``grpc.so_reuseport`` 1, so the kernel spreads
 new connections over them. They share the database; the elected sweeper (an
 advisory lock) keeps expiry announcements to one of them.
 
@@ -397,18 +399,26 @@ class Supervisor:
 async def supervise(settings: Settings) -> int:
     """``serve`` with ``settings.workers`` (> 1) worker processes; returns the exit status.
 
-    Resolves the database (the embedded one is started here, once, and
-    stopped last), migrates it, reserves the shared ports, checks the
-    metrics ports, then runs a ``Supervisor``.
+    The caller has checked the listen addresses are free (cli.py). Resolves
+    the database (the embedded one is started here, once, and stopped last),
+    refuses a pooler that cannot work and migrates it (``prepare_database``,
+    as a lone server does), reserves the shared ports, checks the metrics
+    ports, then runs a ``Supervisor``.
+
+    Raises:
+        DatabaseRefused: the database refuses for good (a pooler in
+            transaction or statement mode included): said once, here, not by
+            each worker.
     """
-    from .app import resolve_database
+    from .app import prepare_database, resolve_database
     from .cli import when_database_answers
-    from .migrate import migrate
 
     dsn, embedded = resolve_database(settings)
     held: list[socket.socket] = []
     try:
-        if not await when_database_answers(settings, lambda: migrate(dsn)):
+        if not await when_database_answers(
+            settings, lambda: prepare_database(dsn, settings.connect_timeout_s)
+        ):
             return 1
         try:
             listen, sockets = reserve(settings.listen)

@@ -154,7 +154,7 @@ async def _start(command: list[str], folder: Path, database_url: str, pool_mode:
 
 @contextlib.asynccontextmanager
 async def pgbouncer(database_url: str, pool_mode: str) -> AsyncIterator[PgBouncer]:
-    """A pgbouncer in ``pool_mode`` (``session`` or ``transaction``) in front of the test database.
+    """A pgbouncer in ``pool_mode`` (session, transaction or statement) before the test database.
 
     Stopped (SIGTERM, then SIGKILL) on exit.
     """

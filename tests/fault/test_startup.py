@@ -8,7 +8,8 @@ answers, or exits with status 1 and one clear line when it never does.
 What no retry can fix is refused at once, in one line and no traceback: a
 database URL asyncpg cannot parse, a role or database PostgreSQL does not
 know (status 2, as any setting that can never work); a listen address another
-process holds (status 1, naming the address and its variable).
+process holds (status 1, naming the address and its variable, before the
+database is touched). ``serve --workers 2`` says the same, in the same line.
 """
 
 from __future__ import annotations
@@ -115,13 +116,19 @@ async def test_serve_refused_by_the_database_exits_2_with_its_message(
 
 
 @pytest.mark.parametrize("setting", ["listen", "health_listen", "metrics_listen"])
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_serve_on_a_taken_port_exits_1_naming_the_address(
-    database_url: str, tmp_path: Path, setting: str
+    database_url: str, tmp_path: Path, setting: str, workers: int
 ) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         address = f"127.0.0.1:{taken.getsockname()[1]}"
-        code, output = await _failed_start(tmp_path, server_env(database_url, **{setting: address}))
+        # At the default INFO level, on a database that would refuse the start (exit 2):
+        # the port is checked before the database is touched (no migration logged).
+        env = server_env(
+            replaced(database_url, role="nosuchrole"), workers=workers, **{setting: address}
+        )
+        code, output = await _failed_start(tmp_path, env)
     assert code == 1, output
     assert_one_line(output, f"cannot listen on {address}", f"LEASEKEEPER_{setting.upper()}")

@@ -292,11 +292,14 @@ async def test_two_workers_share_one_port_and_database_restart_and_drain(
         await conns.client_on(0)  # new connections reach the new worker 0 too
         await conns.client_on(1)
 
-        # The port is shared on purpose only: another `serve` cannot take it.
+        # The port is shared on purpose only: another `serve` cannot take it, and says so
+        # in one line before touching the database (no migration logged first).
         for argv in (["serve"], ["serve", "--workers", "2"]):
             code, out = await serve_elsewhere(tmp_path, database_url, server.target, argv)
             assert code == 1, out
+            assert out.count("\n") == 1, out
             assert f"cannot listen on {server.target}" in out, out
+            assert "LEASEKEEPER_LISTEN" in out, out
 
         # SIGTERM to the supervisor only: it forwards it, every worker drains, all exit 0.
         workers_now = worker_pids(supervisor)
