@@ -1,4 +1,4 @@
-"""How the ``leasekeeper`` command prints records: aligned tables, or JSON.
+r"""How the ``leasekeeper`` command prints records: aligned tables, or JSON.
 
 Records are plain dicts whose keys are the proto field names (or a database
 table's column names). Their values are ``None``, ``str``, ``int``,
@@ -7,7 +7,11 @@ list of ``str``. Two renderings:
 
 * text (the default): an aligned table, columns sized to their content;
   instants as ISO 8601 UTC to the millisecond (``2026-11-30T17:51:12.123Z``),
-  durations in seconds (``12.3s``), an unset value as ``-``.
+  durations in seconds (``12.3s``), an unset value as ``-``. Text shows what it
+  holds: control and bidirectional control characters escaped (``\x07``,
+  ``\u202e``: ids stored before the id rule refused them reach the tables as
+  stored), text that is blank or starts or ends with whitespace quoted
+  (``"   "``), so no id shows blank or reordered, or as its neighbour.
 * JSON (``--json``): one object per line for lists; instants as ISO 8601
   with their offset, durations as float seconds.
 
@@ -26,6 +30,8 @@ from typing import Any
 
 from google.protobuf import descriptor, duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
+
+from leasekeeper.ids import BIDI_CONTROLS
 
 Record = dict[str, Any]
 
@@ -92,11 +98,25 @@ def to_json(record: Mapping[str, Any], indent: int | None = None) -> str:
     return json.dumps(record, default=_json_default, indent=indent, ensure_ascii=False)
 
 
+def _escaped(ch: str) -> str:
+    r"""A control character as ``\x07``, a bidirectional control as ``\u202e``, else ``ch``."""
+    if unicodedata.category(ch) == "Cc":
+        return f"\\x{ord(ch):02x}"
+    if ch in BIDI_CONTROLS:
+        return f"\\u{ord(ch):04x}"
+    return ch
+
+
 def _printable(text: str) -> str:
-    """Control characters escaped, so a cell stays on its line and aligned."""
-    if all(unicodedata.category(ch) != "Cc" for ch in text):
-        return text
-    return "".join(f"\\x{ord(ch):02x}" if unicodedata.category(ch) == "Cc" else ch for ch in text)
+    """Text as a cell shows it: on one line, aligned, in its stored order, never blank.
+
+    Control characters are escaped, so the cell stays on its line; bidirectional
+    controls too, which would reorder what is shown around them invisibly; text
+    that is blank or starts or ends with whitespace is quoted, so that ``"   "``
+    shows and ``"a "`` does not read as ``a``.
+    """
+    text = "".join(map(_escaped, text))
+    return f'"{text}"' if text != text.strip() else text
 
 
 def cell(value: object) -> str:

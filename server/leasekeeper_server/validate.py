@@ -20,6 +20,7 @@ from typing import Any
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 
+from leasekeeper.ids import BIDI_CONTROLS
 from leasekeeper.v1 import lease_service_pb2 as pb
 
 from .effects import BeginRequest, EffectKey, EffectPolicy, EffectState, Outcome
@@ -43,20 +44,11 @@ class LeaseRef:
     fence: int
 
 
-# Unicode's Bidi_Control characters: ALM, LRM and RLM (U+061C, U+200E, U+200F),
-# the embeddings and overrides (U+202A-U+202E) and the isolates (U+2066-U+2069).
-# Invisible, and able to reorder what a table or a log line shows around them,
-# so that one id displays as another (Trojan Source, CVE-2021-42574).
-BIDI_CONTROLS = frozenset(
-    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
-)
-
-
 def identifier(field: str, value: str, max_bytes: int) -> str:
     """Checks an opaque id: the one rule of every id (CONTRACT.md "Bad input").
 
     1..max_bytes bytes of UTF-8; no control characters (NUL included) and no
-    bidirectional controls (:data:`BIDI_CONTROLS`); not only whitespace (it
+    bidirectional controls (:data:`leasekeeper.ids.BIDI_CONTROLS`); not only whitespace (it
     would read as empty in a table). Otherwise kept as sent: spaces inside or
     around an id are part of it, compared byte for byte.
 

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from leasekeeper.ids import BIDI_CONTROLS
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper_server.servicer import SERVICE_NAME
 from tests.conftest import running_server
@@ -179,6 +180,47 @@ async def test_leases_list_expired_lists_only_expired_leases(server, stub, db, n
     assert code == 0
     _, rows = table_rows(out)
     assert [row[:2] for row in rows] == [["gone", "EXPIRED"]]
+
+
+async def store_held(db, namespace: str, task_id: str, owner_id: str) -> None:
+    """A HELD lease written straight into the table, as an id stored before the id rule was."""
+    await db.execute(
+        "INSERT INTO leasekeeper_tasks (namespace, task_id, owner_id, fence, state, expire_time,"
+        " runtime_deadline, claim_time, update_time)"
+        " SELECT $1, $2, $3, 1, 'held', now + interval '60 s', now + interval '1 hour', now, now"
+        " FROM clock_timestamp() now",
+        namespace,
+        task_id,
+        owner_id,
+    )
+
+
+async def test_leases_list_table_shows_bidi_controls_escaped_and_blank_ids_quoted(
+    server, db, namespace
+):
+    # Shown raw, U+202E would print "task-\u202e21" as "task-12" and reorder the row after it.
+    await store_held(db, namespace, "task-\u202e21", "\u2066w\u2069")
+    await store_held(db, namespace, "   ", "w")
+    await store_held(db, namespace, "pad ", "w")
+    where = ("-n", namespace, "--target", server.target)
+    code, out, _ = await run_cli("leases", "list", *where)
+    assert code == 0
+    assert not BIDI_CONTROLS & set(out)
+    header, *lines = out.splitlines()
+    state_at, owner_at = header.index("STATE"), header.index("OWNER_ID")
+    # Cells are cut at the header's columns: a quoted cell may hold spaces.
+    shown = [(line[:state_at].rstrip(), line[owner_at:].split()[0]) for line in lines]
+    assert shown == [('"   "', "w"), ('"pad "', "w"), ("task-\\u202e21", "\\u2066w\\u2069")]
+
+    code, out, _ = await run_cli("leases", "list", *where, "--json")
+    assert code == 0
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert [(x["task_id"], x["owner_id"]) for x in listed] == [
+        ("   ", "w"),
+        ("pad ", "w"),
+        ("task-\u202e21", "\u2066w\u2069"),
+    ]
+    assert "\u202e" in out  # exact, not escaped: JSON is read by programs
 
 
 async def test_leases_list_owner_filters_across_pages(server, stub, namespace):

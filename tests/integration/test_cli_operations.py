@@ -25,7 +25,7 @@ from leasekeeper_server import tokens
 from tests.conftest import running_server
 from tests.helpers import dur
 from tests.integration.contract_helpers import limits_loaded
-from tests.integration.test_cli import assert_aligned, run_cli, table_rows
+from tests.integration.test_cli import assert_aligned, run_cli, store_held, table_rows
 from tests.integration.test_tls import Authority
 
 LINE_TIMEOUT_S = 15.0
@@ -207,6 +207,15 @@ async def test_watch_shows_a_revoke_with_its_reason(server, stub, namespace):
     event = json.loads(out)
     assert event["type"] == "REVOKED"
     assert (event["lease"]["fence"], event["lease"]["revoke_reason"]) == (1, "moved to ops")
+
+
+async def test_watch_line_shows_a_stored_bidi_owner_escaped(server, db, namespace):
+    await store_held(db, namespace, "t", "\u202ew-evil")  # stored before the id rule
+    where = ("-n", namespace, "--target", server.target)
+    async with _watching("t", *where, "--timeout", "0.5") as proc:
+        code, out, err = await _finish(proc)
+    assert (code, err) == (0, "")
+    assert out.split()[1:] == ["SNAPSHOT", "t", "fence=1", "owner=\\u202ew-evil", "state=HELD"]
 
 
 async def test_watch_ctrl_c_ends_cleanly_exit_0(server, stub, namespace):
