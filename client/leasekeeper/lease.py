@@ -243,14 +243,22 @@ class HeldLease:
     async def complete(self) -> LeaseInfo:
         """Mark the task COMPLETED now (release with ``complete=True``), then stop the heartbeat.
 
-        The block's exit then releases nothing. Idempotent once it succeeded.
+        The call's deadline is the trust deadline when that comes before the
+        call timeout: past the trust deadline the lease counts as lost, and no
+        answer can change that. The block's exit then releases nothing.
+        Idempotent once it succeeded.
 
         Returns:
             The task's lease, now COMPLETED.
 
         Raises:
-            LeaseLost: The lease was already lost (nothing is sent), or the server
-                refused with ABORTED (e.g. LEASE_SUPERSEDED): the task is not completed.
+            LeaseLost: The lease was already lost (nothing is sent); the server
+                refused with ABORTED (e.g. LEASE_SUPERSEDED): the task is not
+                completed; or the trust deadline passed before an answer came
+                (LEASE_EXPIRED, or RUNTIME_EXCEEDED when the last confirmed answer
+                ended the lease at its runtime budget; the call is cancelled, its
+                DEADLINE_EXCEEDED the cause): whether the task was completed is
+                unknown, and the lease is lost: commit nothing.
             LeaseUnavailable: UNAVAILABLE: the task is not completed, the heartbeat
                 goes on; safe to call again.
 
@@ -258,13 +266,22 @@ class HeldLease:
         if self._completed:
             return self._info
         self.check()
+        deadline, left_s = self._window.deadline, self._window.remaining_s()
         self._releasing = True  # the server ends the heartbeat once completed: not a loss
         try:
-            info = await self._client.release(self.task_id, self.fence, complete=True)
+            info = await self._client._release(self.task_id, self.fence, True, left_s)
         except LeaseLost as error:
             self._loss = self._loss or error
             raise
         except LeaseError as error:
+            if self._loss is None and self._cut_off(error, deadline, left_s):
+                self._loss = LeaseLost(
+                    self._window.loss_reason,
+                    self.task_id,
+                    self.fence,
+                    message="lease lost: its trust deadline passed before the completion "
+                    f"was confirmed ({self._window.loss_reason})",
+                )
             if self._loss is not None:
                 raise self._loss from error
             raise
@@ -274,6 +291,20 @@ class HeldLease:
         if self._keeper is not None:
             await self._keeper.stop()
         return info
+
+    def _cut_off(self, error: LeaseError, deadline: float | None, left_s: float) -> bool:
+        """Whether ``error`` is the cut-off of a call bounded by the trust deadline ``deadline``.
+
+        A renewal confirmed while the call ran moved the deadline: the lease is
+        then still trusted and the error is only the call's.
+        """
+        call_timeout_s = self._client._call_timeout_s
+        bounded = call_timeout_s is None or left_s < call_timeout_s
+        return (
+            bounded
+            and error.code is grpc.StatusCode.DEADLINE_EXCEEDED
+            and self._window.deadline == deadline
+        )
 
     def _on_lost(self, error: LeaseLost) -> None:
         """Called by the heartbeat, in its own task, when ownership is lost."""

@@ -1,4 +1,4 @@
-"""A worker learns of its loss at once: hold() and renew() against a real server.
+"""A worker learns of its loss at once: hold(), complete() and renew() against a real server.
 
 The worker reaches the server through the fault proxy (``tests/fault/proxy.py``):
 a black hole makes a dead network, a downstream delay a late reply. What the
@@ -14,9 +14,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
+import grpc
 import pytest
 
-from leasekeeper import LeaseClient, LeaseInfo, LeaseLost
+from leasekeeper import LeaseClient, LeaseError, LeaseInfo, LeaseLost
 from leasekeeper._trust import default_safety_margin
 from leasekeeper.lease import RELEASE_AFTER_LOSS_TIMEOUT_S
 from tests.conftest import RunningServer
@@ -193,3 +194,20 @@ async def test_renew_on_dead_network_gives_up_at_the_trust_deadline(server, prox
 
     with pytest.raises(LeaseLost):  # past the deadline: refused without sending
         await client.renew("t", granted.lease.fence, trust_deadline=trust_deadline)
+
+
+async def test_complete_on_dead_network_gives_up_at_the_trust_deadline(
+    server, proxy, client, namespace, db
+):
+    with pytest.raises(LeaseLost) as caught:
+        async with client.hold("t", ttl=2.0) as lease:  # trusted for at most 1.8 s
+            proxy.black_hole()
+            started = time.monotonic()
+            await lease.complete()  # sent while trusted: no answer ever comes
+    told_s = time.monotonic() - started
+    assert caught.value.reason == "LEASE_EXPIRED"
+    assert told_s < AT_ONCE_S, f"LeaseLost {told_s:.1f} s after complete() was called"
+    # Cut off by the trust deadline, not refused before sending: the call's error is the cause.
+    assert isinstance(caught.value.__cause__, LeaseError)
+    assert caught.value.__cause__.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert (await row_state(db, namespace, "t"))[0] != "completed"
