@@ -217,7 +217,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     try:
-        with translate_errors():
+        with translate_errors(connecting=True):
             conn = await asyncpg.connect(
                 dsn, server_settings=session, timeout=settings.connect_timeout_s
             )

@@ -1,14 +1,15 @@
 """The gRPC health service, SERVING only while requests can be decided.
 
-Every ``health_interval_s`` the monitor checks, and decides from the
-outcomes of the database statements on the request path that ended since its
-previous check (``Store.outcomes``): **NOT_SERVING when there was at least
-one and every one failed** without deciding (the database out of reach or
-refusing the service's statements: see ``store.py``); SERVING otherwise. When
-no request used the database since the previous check, the check first sends
-a ping along the same path (``Store.ping``: a pooled connection, a prepared
-statement, the task table), so an idle server is judged too, and a server
-taken out of rotation notices when it can serve again.
+Every ``health_interval_s`` the monitor checks: it sends one ping along the
+requests' path (``Store.ping``: a pooled connection, a prepared statement,
+and the write path of the tables calls write, changing nothing), and takes
+the outcomes of the statements calls ran since its previous check
+(``Store.outcomes``). **NOT_SERVING when the ping fails, or when calls ran
+statements since the previous check and every one failed** without deciding
+(the database out of reach or refusing the service's statements: see
+``store.py``); SERVING otherwise. The ping judges an idle server, and a
+server whose calls only read while writes are refused; a server taken out of
+rotation notices when it can serve again.
 
 Both the overall health ("") and ``leasekeeper.v1.LeaseService`` follow it
 (readiness: route calls here only while they can be decided).
@@ -32,6 +33,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from .errors import DatabaseUnavailable
+from .outcomes import describe
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -75,22 +77,27 @@ class HealthMonitor:
             await self._check()
 
     async def _check(self) -> None:
-        outcomes = self._store.outcomes
-        if not outcomes.ended:
-            try:
-                await asyncio.wait_for(self._store.ping(), self._interval_s * 2 + 1)
-            except DatabaseUnavailable:
-                pass  # the store counted it
-            except TimeoutError as exc:  # cancelled inside the store: counted here
-                outcomes.failure(exc)
-        tally = outcomes.take()
-        serving = tally.succeeded > 0 or tally.failed == 0
-        self._log(serving, tally.failed, tally.last_failure or "ping unanswered")
+        ping_failure = await self._ping()
+        tally = self._store.outcomes.take()
+        calls_failed = tally.failed > 0 and tally.succeeded == 0
+        serving = ping_failure is None and not calls_failed
+        failed = tally.failed + (ping_failure is not None)
+        self._log(serving, failed, ping_failure or tally.last_failure)
         if serving == self._serving:
             return
         self._serving = serving
         for name in self._names:
             await self.servicer.set(name, SERVING if serving else NOT_SERVING)
+
+    async def _ping(self) -> str | None:
+        """Pings the database; None when it answered, else why it did not (one line)."""
+        try:
+            await asyncio.wait_for(self._store.ping(), self._interval_s * 2 + 1)
+        except DatabaseUnavailable as exc:
+            return f"health ping: {describe(exc)}"
+        except TimeoutError:
+            return "health ping unanswered"
+        return None
 
     def _log(self, serving: bool, failed: int, last_failure: str) -> None:
         """One line when health changes; while NOT_SERVING, one every REPEAT_S at most."""
@@ -102,8 +109,8 @@ class HealthMonitor:
         self._failed_unlogged += failed
         if self._serving is not False:
             log.warning(
-                "requests cannot be decided: all %d database statement(s) since the last "
-                "check failed (last: %s); health NOT_SERVING",
+                "requests cannot be decided: %d database statement(s) failed since the last "
+                "check (last: %s); health NOT_SERVING",
                 failed,
                 last_failure,
             )

@@ -124,12 +124,13 @@ async def _backend_pid(conn: asyncpg.Connection, timeout_s: float) -> int:
 
 @contextlib.asynccontextmanager
 async def _connected(dsn: str, timeout_s: float) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(
-        dsn,
-        timeout=timeout_s,
-        statement_cache_size=0,
-        server_settings={"application_name": PROBE_APPLICATION_NAME},
-    )
+    with translate_errors(connecting=True):
+        conn = await asyncpg.connect(
+            dsn,
+            timeout=timeout_s,
+            statement_cache_size=0,
+            server_settings={"application_name": PROBE_APPLICATION_NAME},
+        )
     try:
         yield conn
     finally:

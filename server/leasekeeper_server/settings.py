@@ -151,8 +151,8 @@ class Settings(BaseSettings):
     health_interval_s: float = Field(
         default=1.0,
         gt=0,
-        description="How often the health service checks that calls can be decided "
-        "(from their statements; with none, a ping of the database).",
+        description="How often the health service checks that calls can be decided: "
+        "one ping taking the write path, and the calls' statements since the last check.",
     )
     keepalive_time_s: float = Field(
         default=10.0,

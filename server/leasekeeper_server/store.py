@@ -86,6 +86,18 @@ _REFUSED: tuple[type[BaseException], ...] = (
 )
 
 
+# What PostgreSQL answers while a connection opens when the URL carries a
+# setting it refuses (asyncpg sends the URL's unknown query parameters as
+# settings, e.g. ``?foo=bar``, ``?statement_timeout=abc``): for good, like
+# _REFUSED. Refused only while connecting (translate_errors(connecting=True));
+# raised by a statement later, the same errors are bugs (INTERNAL).
+_REFUSED_AT_CONNECT: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.UndefinedObjectError,  # 42704: unrecognized configuration parameter
+    asyncpg.exceptions.InvalidParameterValueError,  # 22023: invalid value for parameter
+    asyncpg.exceptions.CantChangeRuntimeParamError,  # 55P02: parameter cannot be changed
+)
+
+
 # The driver gave up on an answer (the connection may be black-holed) or lost
 # the protocol's state: the connection is dropped, never handed back to a pool.
 _DROP_CONNECTION: tuple[type[BaseException], ...] = (
@@ -105,11 +117,18 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
 
 
 @contextlib.contextmanager
-def translate_errors() -> Iterator[None]:
-    """Turns driver and network errors into DatabaseUnavailable (DatabaseRefused: for good)."""
+def translate_errors(*, connecting: bool = False) -> Iterator[None]:
+    """Turns driver and network errors into DatabaseUnavailable (DatabaseRefused: for good).
+
+    Args:
+        connecting: the block only opens connections (``asyncpg.connect``,
+            ``create_pool``): a setting of the URL PostgreSQL refuses is a
+            DatabaseRefused too.
+    """
+    refused = _REFUSED + _REFUSED_AT_CONNECT if connecting else _REFUSED
     try:
         yield
-    except _REFUSED as exc:
+    except refused as exc:
         raise DatabaseRefused(f"cannot connect to the database: {exc}") from exc
     except _UNAVAILABLE as exc:
         raise DatabaseUnavailable(f"database unavailable: {type(exc).__name__}") from exc
@@ -218,7 +237,7 @@ class Store:
             "reset": _reset_connection,
             "init": _counting(on_statement) if on_statement is not None else None,
         }
-        with translate_errors():
+        with translate_errors(connecting=True):
             pool = await asyncpg.create_pool(
                 dsn,
                 min_size=settings.pool_min_size,
@@ -284,7 +303,15 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
-        with self._outcome(), translate_errors():
+        """A pooled connection for a request; how its use ended goes to ``outcomes``."""
+        with self._outcome():
+            async with self._pooled() as conn:
+                yield conn
+
+    @contextlib.asynccontextmanager
+    async def _pooled(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection; driver errors leave translated (translate_errors)."""
+        with translate_errors():
             async with self._pool.acquire(timeout=self._settings.connect_timeout_s) as conn:
                 try:
                     yield conn
@@ -368,12 +395,16 @@ class Store:
             return list(await conn.fetch(self._sql[name], *args))
 
     async def ping(self) -> None:
-        """Checks the database runs a request's kind of statement (see ``ping`` in queries.sql).
+        """Checks the database can run the statements that decide calls, writes included.
+
+        Changes nothing (see ``ping`` in queries.sql); not told to ``outcomes``,
+        which tallies the calls' statements only.
 
         Raises:
-            DatabaseUnavailable: it does not.
+            DatabaseUnavailable: it cannot.
         """
-        await self._fetchrow("ping")
+        async with self._pooled() as conn:
+            await conn.fetchrow(self._sql["ping"])
 
     async def page_token_key(self) -> bytes:
         """The key that signs page tokens, the same for every replica (read once, at start).

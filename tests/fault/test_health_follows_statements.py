@@ -5,9 +5,9 @@ on one table away (a real fault: every statement on it fails with a
 permission error, while the connection and ``SELECT 1`` still work) while a
 client keeps calling. Calls must end UNAVAILABLE at once, health must turn
 NOT_SERVING with one log line, not one per failed statement, and SERVING
-again once the privileges are back. The tasks table is what the health
-check's own ping reads; the effects table only the effect calls do, so there
-the failing calls themselves must be what turns health.
+again once the privileges are back. Taking only the write privileges must
+turn health too, while reads keep succeeding and while the server is idle:
+the health check's ping takes the write path of both tables.
 """
 
 from __future__ import annotations
@@ -167,3 +167,73 @@ async def test_health_not_serving_while_statements_fail_then_serving_again(
     # No failed statement is a bug: none is logged as an internal error (with its traceback).
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors
+
+
+async def test_health_not_serving_while_only_writes_are_refused_even_with_reads_and_idle(
+    database_url: str,
+    db: asyncpg.Connection,
+    namespace: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Reads succeed, every write is refused: no call can be decided, whatever reads answer.
+
+    While reads keep running, and while the server then stays idle, health is
+    NOT_SERVING (the ping takes the write path); SERVING once writes are granted back.
+    """
+    caplog.set_level(logging.INFO, logger="leasekeeper_server")
+    async with (
+        service_role(db) as role,
+        running_server(replaced(database_url, role=role), **QUICK_OUTAGE_SETTINGS) as server,
+        grpc.aio.insecure_channel(server.target) as channel,
+    ):
+        stub = rpc.LeaseServiceStub(channel)
+        health_stub = health_pb2_grpc.HealthStub(channel)
+        await stub.Claim(
+            pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="o", ttl=dur(30)), timeout=5
+        )
+        inspect = pb.GetLeaseRequest(namespace=namespace, task_id="t")
+        assert await health(health_stub, "") == SERVING
+
+        await db.execute(f'REVOKE INSERT, UPDATE, DELETE ON leasekeeper_tasks FROM "{role}"')
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.Claim(
+                pb.ClaimRequest(namespace=namespace, task_id="u", owner_id="o", ttl=dur(30)),
+                timeout=5,
+            )
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+
+        async with calling(lambda: stub.GetLease(inspect, timeout=5)) as read_failures:
+            await wait_health(health_stub, NOT_SERVING)
+            # Several checks later, reads still succeeding: still NOT_SERVING.
+            await _stays(health_stub, NOT_SERVING)
+        assert not read_failures, read_failures
+        # Idle: no call at all; still NOT_SERVING.
+        await _stays(health_stub, NOT_SERVING)
+
+        await db.execute(f'GRANT INSERT, UPDATE, DELETE ON leasekeeper_tasks TO "{role}"')
+        await wait_health(health_stub, SERVING)
+        await stub.Claim(
+            pb.ClaimRequest(namespace=namespace, task_id="u", owner_id="o", ttl=dur(30)), timeout=5
+        )
+    lines = [
+        r.getMessage() for r in caplog.records if r.name.startswith("leasekeeper_server.health")
+    ]
+    assert len(lines) == 2, lines
+    assert "NOT_SERVING" in lines[0] and "permission denied" in lines[0], lines
+
+
+# Health checks (health_interval_s 0.2 s) that must all keep a state: several
+# pings, whatever the machine's load.
+STAYS_CHECKS = 10
+
+
+async def _stays(stub: health_pb2_grpc.HealthStub, wanted: int) -> None:
+    """Health keeps ``wanted`` while the server's check runs STAYS_CHECKS times."""
+    interval_s = QUICK_OUTAGE_SETTINGS["health_interval_s"]
+    seen: list[int] = []
+    loop = asyncio.get_running_loop()
+    until = loop.time() + STAYS_CHECKS * interval_s
+    while loop.time() < until:
+        seen.append(await health(stub, ""))
+        await asyncio.sleep(interval_s / 4)
+    assert set(seen) == {wanted}, seen

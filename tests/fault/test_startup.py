@@ -132,3 +132,24 @@ async def test_serve_on_a_taken_port_exits_1_naming_the_address(
         code, output = await _failed_start(tmp_path, env)
     assert code == 1, output
     assert_one_line(output, f"cannot listen on {address}", f"LEASEKEEPER_{setting.upper()}")
+
+
+@pytest.mark.parametrize(
+    ("parameter", "message"),
+    [
+        ("foo=bar", 'unrecognized configuration parameter "foo"'),
+        ("statement_timeout=abc", 'invalid value for parameter "statement_timeout": "abc"'),
+    ],
+    ids=["unknown", "bad-value"],
+)
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_serve_with_a_url_parameter_postgres_refuses_exits_2_with_its_message(
+    database_url: str, tmp_path: Path, parameter: str, message: str, workers: int
+) -> None:
+    # asyncpg sends a URL's unknown query parameters to PostgreSQL as settings.
+    separator = "&" if "?" in database_url else "?"
+    url = f"{database_url}{separator}{parameter}"
+    env = server_env(url, log_level="WARNING", workers=workers)
+    code, output = await _failed_start(tmp_path, env)
+    assert code == 2, output
+    assert_one_line(output, "LEASEKEEPER_DATABASE_URL", message)

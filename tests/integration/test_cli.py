@@ -410,6 +410,27 @@ async def test_database_command_with_a_malformed_url_exits_2(command):
     assert_one_line(err, "LEASEKEEPER_DATABASE_URL", "mysql")
 
 
+@pytest.mark.parametrize("command", DATABASE_COMMANDS, ids=" ".join)
+@pytest.mark.parametrize(
+    ("parameter", "message"),
+    [
+        ("foo=bar", 'unrecognized configuration parameter "foo"'),
+        ("work_mem=abc", 'invalid value for parameter "work_mem": "abc"'),
+    ],
+    ids=["unknown", "bad-value"],
+)
+async def test_database_command_with_a_url_parameter_postgres_refuses_exits_2(
+    database_url, command, parameter, message
+):
+    # asyncpg sends a URL's unknown query parameters to PostgreSQL as settings
+    # (work_mem: one the commands' own session settings do not replace).
+    separator = "&" if "?" in database_url else "?"
+    env = {"LEASEKEEPER_DATABASE_URL": f"{database_url}{separator}{parameter}"}
+    code, out, err = await run_cli(*command, env=env)
+    assert (code, out) == (2, "")
+    assert_one_line(err, "LEASEKEEPER_DATABASE_URL", message)
+
+
 async def test_migrate_database_out_of_reach_prints_one_line_exits_1(unused_tcp_port):
     url = f"postgresql://postgres@127.0.0.1:{unused_tcp_port}/postgres"
     code, out, err = await run_cli("migrate", env={"LEASEKEEPER_DATABASE_URL": url})

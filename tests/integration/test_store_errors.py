@@ -43,3 +43,21 @@ async def test_internal_client_error_is_unavailable_and_connection_dropped(
         assert await store.get_task(key) is None  # the next call gets a sound connection
     finally:
         await store.close()
+
+
+async def test_ping_fails_where_writes_cannot_run(database_url: str) -> None:
+    """The health ping takes the write path: a read-only session fails it, a writable one not."""
+    separator = "&" if "?" in database_url else "?"
+    read_only_url = f"{database_url}{separator}default_transaction_read_only=on"
+    for url, writable in ((database_url, True), (read_only_url, False)):
+        store = await Store.open(url, make_settings(url))
+        try:
+            if writable:
+                await store.ping()
+            else:
+                with pytest.raises(DatabaseUnavailable, match="ReadOnlySQLTransactionError"):
+                    await store.ping()
+            # Not a call's statement: the health check judges the ping on its own.
+            assert store.outcomes.ended == 0
+        finally:
+            await store.close()

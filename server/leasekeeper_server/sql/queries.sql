@@ -391,8 +391,22 @@ GROUP BY namespace;
 SELECT key FROM leasekeeper_page_token_key;
 
 -- name: ping
--- The health check's probe when no request has used the database since its
--- last check (health.py). It takes the requests' path: a pooled connection, a
--- prepared statement, the task table (whose privileges every decision needs),
--- so a plain SELECT 1 answering cannot hide a database that decides nothing.
-SELECT 1 FROM leasekeeper_tasks LIMIT 0;
+-- The health check's probe, sent at every check (health.py). It takes the
+-- requests' path: a pooled connection, a prepared statement, and the write
+-- path of the tables calls write, so a database that answers reads but can
+-- decide nothing (a privilege taken, a read-only session or standby) fails it.
+-- It changes nothing: no row is selected, so no row trigger fires (there is
+-- no statement trigger on these tables), and it locks what a claim locks
+-- (RowExclusiveLock on the tables and their indexes). PostgreSQL checks the
+-- INSERT and UPDATE privileges and read-only transactions when the statement
+-- starts, row or no row.
+WITH tasks AS (
+    INSERT INTO leasekeeper_tasks SELECT * FROM leasekeeper_tasks WHERE false
+    ON CONFLICT (namespace, task_id) DO UPDATE SET fence = leasekeeper_tasks.fence
+    RETURNING 1
+), effects AS (
+    INSERT INTO leasekeeper_effects SELECT * FROM leasekeeper_effects WHERE false
+    ON CONFLICT (namespace, task_id, effect_key) DO UPDATE SET fence = leasekeeper_effects.fence
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM tasks) + (SELECT count(*) FROM effects) AS changed;
