@@ -10,8 +10,10 @@ list of ``str``. Two renderings:
   durations in seconds (``12.3s``), an unset value as ``-``. Text shows what it
   holds: control and bidirectional control characters escaped (``\x07``,
   ``\u202e``: ids stored before the id rule refused them reach the tables as
-  stored), text that is blank or starts or ends with whitespace quoted
-  (``"   "``), so no id shows blank or reordered, or as its neighbour.
+  stored), line separators too (``\u2028``), text that is blank or starts or
+  ends with whitespace quoted (``"   "``), text without a visible character
+  quoted with its invisible characters escaped (``"\u200b"``), so no id shows
+  blank, broken or reordered, or as its neighbour.
 * JSON (``--json``): one object per line for lists; instants as ISO 8601
   with their offset, durations as float seconds.
 
@@ -31,7 +33,7 @@ from typing import Any
 from google.protobuf import descriptor, duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
-from leasekeeper.ids import BIDI_CONTROLS
+from leasekeeper.ids import BIDI_CONTROLS, LINE_SEPARATORS, has_visible, is_invisible
 
 Record = dict[str, Any]
 
@@ -98,25 +100,32 @@ def to_json(record: Mapping[str, Any], indent: int | None = None) -> str:
     return json.dumps(record, default=_json_default, indent=indent, ensure_ascii=False)
 
 
-def _escaped(ch: str) -> str:
-    r"""A control character as ``\x07``, a bidirectional control as ``\u202e``, else ``ch``."""
+def _escaped(ch: str, blank: bool = False) -> str:
+    r"""``ch`` as a cell shows it: escaped when it would hide or break something.
+
+    A control character as ``\x07``; a bidirectional control or line separator
+    as ``\u202e``; in ``blank`` text (no visible character), every invisible
+    character but the space too (``\u200b``); else ``ch``.
+    """
     if unicodedata.category(ch) == "Cc":
         return f"\\x{ord(ch):02x}"
-    if ch in BIDI_CONTROLS:
+    if ch in BIDI_CONTROLS or ch in LINE_SEPARATORS or (blank and ch != " " and is_invisible(ch)):
         return f"\\u{ord(ch):04x}"
     return ch
 
 
 def _printable(text: str) -> str:
-    """Text as a cell shows it: on one line, aligned, in its stored order, never blank.
+    r"""Text as a cell shows it: on one line, aligned, in its stored order, never blank.
 
     Control characters are escaped, so the cell stays on its line; bidirectional
     controls too, which would reorder what is shown around them invisibly; text
     that is blank or starts or ends with whitespace is quoted, so that ``"   "``
-    shows and ``"a "`` does not read as ``a``.
+    shows and ``"a "`` does not read as ``a``; text without a visible character
+    is quoted with its invisible characters escaped (``"\u200b"``).
     """
-    text = "".join(map(_escaped, text))
-    return f'"{text}"' if text != text.strip() else text
+    blank = not has_visible(text)
+    shown = "".join(_escaped(ch, blank) for ch in text)
+    return f'"{shown}"' if blank or shown != shown.strip() else shown
 
 
 def cell(value: object) -> str:

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import asyncpg
 
+from leasekeeper.ids import refusal
+
 from . import validate
 from .errors import InvalidArgument
 
@@ -147,7 +149,8 @@ def check_namespaces(namespaces: Sequence[str]) -> tuple[str, ...]:
 
     A pattern is an exact namespace, ``*``, or a prefix ending in ``*``; no
     other ``*``; otherwise the rules of every id (validate.identifier: 1 to
-    1024 bytes of UTF-8, no control characters); at least one.
+    1024 bytes of UTF-8, no control, bidirectional or line-separator
+    characters, a visible one); at least one.
     """
     if isinstance(namespaces, str):
         raise ValueError("namespaces: must be a list of patterns, not one string")
@@ -167,10 +170,14 @@ def check_namespaces(namespaces: Sequence[str]) -> tuple[str, ...]:
 
 
 def _check_name(name: str) -> str:
-    if not isinstance(name, str) or not name.strip():
+    """A token's name is shown in logs: 1..200 characters, the character rule of ids."""
+    if not isinstance(name, str) or not name:
         raise ValueError("name: must be a non-empty string")
-    if len(name) > MAX_NAME_CHARS or any(ch < " " for ch in name):
-        raise ValueError(f"name: at most {MAX_NAME_CHARS} characters, no control characters")
+    if len(name) > MAX_NAME_CHARS:
+        raise ValueError(f"name: at most {MAX_NAME_CHARS} characters")
+    reason = refusal(name)
+    if reason is not None:
+        raise ValueError(f"name: {name!r} {reason}")
     return name
 
 

@@ -3,16 +3,15 @@
 Every check raises :class:`~leasekeeper_server.errors.InvalidArgument` naming
 the field (INVALID_ARGUMENT for the caller) before anything is read or
 written. The rules are CONTRACT.md's "Bad input": ids are 1..max_id_bytes
-bytes of UTF-8 without control characters or bidirectional controls, not only
-whitespace, compared byte for byte (a claim's request_id too, when set; empty
-means none); ttls lie in [min_ttl, max_ttl]
+bytes of UTF-8 without control characters, bidirectional controls or line
+separators, with a visible character, compared byte for byte (a claim's
+request_id too, when set; empty means none); ttls lie in [min_ttl, max_ttl]
 (unset means the default); fences are >= 1; enum values must be known; page
 sizes at most 1000.
 """
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 
-from leasekeeper.ids import BIDI_CONTROLS
+from leasekeeper.ids import refusal
 from leasekeeper.v1 import lease_service_pb2 as pb
 
 from .effects import BeginRequest, EffectKey, EffectPolicy, EffectState, Outcome
@@ -47,10 +46,11 @@ class LeaseRef:
 def identifier(field: str, value: str, max_bytes: int) -> str:
     """Checks an opaque id: the one rule of every id (CONTRACT.md "Bad input").
 
-    1..max_bytes bytes of UTF-8; no control characters (NUL included) and no
-    bidirectional controls (:data:`leasekeeper.ids.BIDI_CONTROLS`); not only whitespace (it
-    would read as empty in a table). Otherwise kept as sent: spaces inside or
-    around an id are part of it, compared byte for byte.
+    1..max_bytes bytes of UTF-8; no control characters (NUL included), no
+    bidirectional controls, no line separators, and at least one visible
+    character (:func:`leasekeeper.ids.refusal`: an id of only whitespace or
+    zero-width characters would read as empty in a table). Otherwise kept as
+    sent: spaces inside or around an id are part of it, compared byte for byte.
 
     Raises:
         InvalidArgument: (INVALID_ARGUMENT) naming ``field``.
@@ -60,17 +60,9 @@ def identifier(field: str, value: str, max_bytes: int) -> str:
         raise InvalidArgument(field, "must not be empty")
     if size > max_bytes:
         raise InvalidArgument(field, f"is {size} bytes long; at most {max_bytes} bytes allowed")
-    for ch in value:
-        if unicodedata.category(ch) in ("Cc", "Cs"):
-            raise InvalidArgument(field, f"contains control character U+{ord(ch):04X}")
-        if ch in BIDI_CONTROLS:
-            raise InvalidArgument(
-                field,
-                f"contains bidirectional control character U+{ord(ch):04X}, "
-                "which can make it display as another id",
-            )
-    if value.isspace():
-        raise InvalidArgument(field, "must not be only whitespace")
+    reason = refusal(value)
+    if reason is not None:
+        raise InvalidArgument(field, reason)
     return value
 
 

@@ -202,23 +202,36 @@ async def test_leases_list_table_shows_bidi_controls_escaped_and_blank_ids_quote
     await store_held(db, namespace, "task-\u202e21", "\u2066w\u2069")
     await store_held(db, namespace, "   ", "w")
     await store_held(db, namespace, "pad ", "w")
+    # Stored before the id rule asked for a visible character and refused U+2028.
+    await store_held(db, namespace, "v\u200b", "\u3164")
+    await store_held(db, namespace, "w\u2028x", " \u200b ")
     where = ("-n", namespace, "--target", server.target)
     code, out, _ = await run_cli("leases", "list", *where)
     assert code == 0
-    assert not BIDI_CONTROLS & set(out)
+    assert not (BIDI_CONTROLS | {"\u2028", "\u3164"}) & set(out)
     header, *lines = out.splitlines()
     state_at, owner_at = header.index("STATE"), header.index("OWNER_ID")
     # Cells are cut at the header's columns: a quoted cell may hold spaces.
     shown = [(line[:state_at].rstrip(), line[owner_at:].split()[0]) for line in lines]
-    assert shown == [('"   "', "w"), ('"pad "', "w"), ("task-\\u202e21", "\\u2066w\\u2069")]
+    assert shown == [
+        ('"   "', "w"),
+        ('"pad "', "w"),
+        ("task-\\u202e21", "\\u2066w\\u2069"),
+        ("v\u200b", '"\\u3164"'),  # visible: shown as stored
+        ("w\\u2028x", '"'),  # a quoted owner " \u200b " holds spaces: cut at the first
+    ]
+    assert '" \\u200b "' in lines[-1]
 
     code, out, _ = await run_cli("leases", "list", *where, "--json")
     assert code == 0
-    listed = [json.loads(line) for line in out.splitlines()]
+    # One object per "\n"-ended line; str.splitlines would also split at U+2028.
+    listed = [json.loads(line) for line in out.split("\n") if line]
     assert [(x["task_id"], x["owner_id"]) for x in listed] == [
         ("   ", "w"),
         ("pad ", "w"),
         ("task-\u202e21", "\u2066w\u2069"),
+        ("v\u200b", "\u3164"),
+        ("w\u2028x", " \u200b "),
     ]
     assert "\u202e" in out  # exact, not escaped: JSON is read by programs
 

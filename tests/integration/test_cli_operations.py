@@ -351,6 +351,8 @@ async def test_tokens_create_expires_in_sets_expire_time_on_the_database_clock(
         (("--role", "worker", "--namespace", "a*b"), "--namespace"),
         (("--role", "worker", "--namespace", " "), "--namespace"),  # the rule of every id
         (("--role", "worker", "--namespace", "team-\u202e*"), "--namespace"),
+        (("--role", "worker", "--namespace", "\u200b"), "--namespace"),  # nothing visible
+        (("--role", "worker", "--namespace", "team\u2028*"), "--namespace"),  # breaks lines
         (("--role", "worker", "--namespace", "ns", "--expires-in", "0"), "--expires-in"),
         (("--role", "worker", "--namespace", "ns", "--expires-in", "-5"), "--expires-in"),
         (("--role", "worker"), "--namespace"),
@@ -365,6 +367,30 @@ async def test_tokens_create_bad_options_exit_2_naming_the_option(
     )
     assert (code, out) == (2, "")
     assert named in err and "Traceback" not in err
+    assert await db.fetchval("SELECT count(*) FROM leasekeeper_tokens WHERE name = $1", name) == 0
+
+
+@pytest.mark.parametrize(
+    "suffix",
+    ["\u202e", "\u2028", "\x85", "\x7f", "\u200b"],
+    ids=["bidi-override", "line-separator", "c1-control", "delete", "invisible-alone"],
+)
+async def test_tokens_create_unreadable_name_exit_2_naming_it(database_url, db, namespace, suffix):
+    # The name is shown in logs: the character rule of ids. "\u200b" stands alone.
+    name = suffix if suffix == "\u200b" else f"bad-{namespace}{suffix}x"
+    code, out, err = await run_cli(
+        "tokens",
+        "create",
+        "--name",
+        name,
+        "--role",
+        "worker",
+        "--namespace",
+        "ns",
+        env=_db_env(database_url),
+    )
+    assert (code, out) == (2, "")
+    assert "--name" in err and "Traceback" not in err, err
     assert await db.fetchval("SELECT count(*) FROM leasekeeper_tokens WHERE name = $1", name) == 0
 
 
@@ -493,8 +519,10 @@ async def test_limits_set_bad_values_exit_2_naming_the_option_and_change_nothing
     [
         (" ", "must not be only whitespace"),
         ("ns\u2067x\u2069", "contains bidirectional control character U+2067"),
+        ("\u200b\u3164", "must hold a visible character"),
+        ("ns\u2028x", "contains line separator U+2028"),
     ],
-    ids=["whitespace", "bidi-isolate"],
+    ids=["whitespace", "bidi-isolate", "invisible", "line-separator"],
 )
 async def test_limits_set_unreadable_namespace_exit_2_naming_it(database_url, db, bad, why):
     code, out, err = await run_cli(

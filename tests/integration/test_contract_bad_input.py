@@ -276,6 +276,10 @@ async def test_request_bad_input_invalid_argument_names_field_changes_nothing(
         " a ",
         "\u05de\u05e9\u05d9\u05de\u05d4-1",  # Hebrew letters: right to left by themselves
         "\U0001f469\u200d\U0001f467",  # a zero-width joiner is not a bidirectional control
+        "a\u200db",  # invisible characters inside an id with visible ones
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian, with a ZWNJ
+        "\u0915\u094d\u200d\u0937",  # Devanagari with a ZWJ
+        "\u0645\u0631\u062d\u0628\u0627",  # Arabic
     ],
     ids=[
         "256-ascii",
@@ -285,6 +289,10 @@ async def test_request_bad_input_invalid_argument_names_field_changes_nothing(
         "spaces-around",
         "hebrew",
         "emoji-zwj-sequence",
+        "zwj-inside",
+        "persian-zwnj",
+        "devanagari-zwj",
+        "arabic",
     ],
 )
 async def test_claim_ids_at_limits_accepted(stub, namespace, task_id):
@@ -319,6 +327,21 @@ UNREADABLE_IDS = [
     "a\u200fb",  # RIGHT-TO-LEFT MARK
     "1\u200e",  # LEFT-TO-RIGHT MARK
     "\u061c7",  # ARABIC LETTER MARK
+    # Nothing visible: zero-width and format characters (Cf), blank fillers.
+    "\u200b",  # ZERO WIDTH SPACE
+    "\u200c",  # ZERO WIDTH NON-JOINER
+    "\u200d",  # ZERO WIDTH JOINER
+    "\ufeff",  # BYTE ORDER MARK
+    "\u2060",  # WORD JOINER
+    "\u2063",  # INVISIBLE SEPARATOR
+    "\u00ad",  # SOFT HYPHEN
+    "\u3164",  # HANGUL FILLER
+    "\u115f",  # HANGUL CHOSEONG FILLER
+    "\u2800",  # BRAILLE PATTERN BLANK
+    " \u200b ",
+    # A line separator anywhere: it breaks the line of a log or a table.
+    "a\u2028b",
+    "a\u2029b",
 ]
 
 ID_FIELDS = [

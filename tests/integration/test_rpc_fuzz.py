@@ -195,16 +195,22 @@ BIDI_CLASSES = {"LRE", "RLE", "PDF", "LRO", "RLO", "LRI", "RLI", "FSI", "PDI"}
 BIDI_MARKS = "\u200e\u200f\u061c"
 
 
+# Characters that draw nothing: whitespace, format characters (Cf) and the
+# Hangul fillers and blank braille pattern, which are letters and symbols.
+BLANKS = "\u115f\u1160\u3164\uffa0\u2800"
+
+
 def bad_id(value: str, limits: Limits, required: bool = True) -> bool:
-    """An id: 1..max_id_bytes bytes of UTF-8; no Cc (NUL too), no bidi control, not all space."""
+    """An id: 1..max_id_bytes bytes of UTF-8; no Cc (NUL too), no bidi control, no
+    line or paragraph separator (Zl, Zp), and a visible character."""
     if not value:
         return required
     size = len(value.encode("utf-8"))
     return (
         size > limits.max_id_bytes
-        or value.isspace()
+        or all(c.isspace() or unicodedata.category(c) == "Cf" or c in BLANKS for c in value)
         or any(
-            unicodedata.category(c) == "Cc"
+            unicodedata.category(c) in ("Cc", "Zl", "Zp")
             or unicodedata.bidirectional(c) in BIDI_CLASSES
             or c in BIDI_MARKS
             for c in value
@@ -376,8 +382,21 @@ def check_answer(method: str, error: grpc.aio.AioRpcError | None, expected: Verd
 # server must name, are common, and so are well-formed requests that do real work.
 
 CONTROL = ["\x00", "\x01", "\t", "\n", "\x1b", "\x1f", "\x7f", "\x80", "\x85", "\x9f"]
-# Not control characters: ids may hold them.
-UNUSUAL = ["\u2028", "\u200b", "\ufeff", "\ufffd", "\ue000", "\U0010ffff", " ", "\\", "'", "%"]
+# Not control characters: ids may hold them (but for U+2028), next to a visible one.
+UNUSUAL = [
+    "\u2028",
+    "\u200b",
+    "\ufeff",
+    "\u3164",
+    "\u00ad",
+    "\ufffd",
+    "\ue000",
+    "\U0010ffff",
+    " ",
+    "\\",
+    "'",
+    "%",
+]
 # Bidirectional controls: no id may hold them.
 BIDI = ["\u202a", "\u202e", "\u2066", "\u2069", "\u200f", "\u061c"]
 WIDE = ["x", "\u00e9", "\u20ac", "\U0001f600"]  # 1, 2, 3 and 4 bytes of UTF-8
@@ -397,7 +416,7 @@ def ids(good: Sequence[str], prefix: str = "") -> st.SearchStrategy[str]:
     return st.one_of(
         st.sampled_from(good),
         st.just(""),
-        st.sampled_from([" ", "\u3000", " \u00a0 "]),  # only whitespace
+        st.sampled_from([" ", "\u3000", " \u00a0 ", "\u200b", " \u200d ", "\u2800"]),  # blank
         st.builds(lambda s: prefix + s, st.text(max_size=12)),
         st.builds(near_limit, st.just(prefix), st.sampled_from(WIDE), st.sampled_from([-1, 0, 1])),
         st.builds(lambda n: prefix + "x" * n, st.sampled_from([300, 5000])),
