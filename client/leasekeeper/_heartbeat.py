@@ -10,7 +10,8 @@ order, each moving the :class:`~leasekeeper._trust.TrustWindow`). Outcomes:
   ``RUNTIME_EXCEEDED`` when the lease was already ending at its runtime budget);
 * UNAVAILABLE, a broken or stalled stream, an unexpected end: reopen the stream
   on the same channel (possibly another replica) with the same fence, with
-  backoff, for as long as the trust deadline allows; meanwhile
+  backoff (each wait at most RESUME_MAX_S and a quarter of the trust left), for
+  as long as the trust deadline allows; meanwhile
   ``renewal_error`` says why, until a renewal is confirmed again;
 * another error the server will repeat (INVALID_ARGUMENT, ...): lost, with that
   reason;
@@ -51,6 +52,16 @@ _TRANSIENT_CODES = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
+RESUME_MAX_S = 1.0
+"""The longest wait before reopening a failed heartbeat stream, in seconds."""
+RESUME_SHARE_OF_TRUST = 0.25
+"""The largest share of the time left until the trust deadline one resume wait may take.
+
+Each wait before reopening a stream is drawn with full jitter (so a fleet that
+lost one server does not come back in one wave) from an exponential backoff
+from 50 ms up to ``min(interval, RESUME_MAX_S)``, and is never longer than this
+share of the trust left: a worker tries again many times before its lease
+could be lost, ever more often as the deadline nears."""
 DEFAULT_BEATS_PER_TTL = 3
 """Beats per ttl when the caller does not choose the cadence (an interval of ttl / 3)."""
 MIN_BEATS_PER_TTL = 2
@@ -142,7 +153,9 @@ class HeartbeatKeeper:
         self._window = window
         self._on_lost = on_lost
         self._clock = clock
-        self._backoff = backoff or Backoff(initial_s=0.05, max_s=max(interval_s, 0.05))
+        self._backoff = backoff or Backoff(
+            initial_s=0.05, max_s=max(min(interval_s, RESUME_MAX_S), 0.05)
+        )
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.lost: LeaseLost | None = None
@@ -221,7 +234,10 @@ class HeartbeatKeeper:
                     return
                 logger.info("heartbeat stream for %s ended early; reopening", self._task_name())
                 self.renewal_error = LeaseError("heartbeat stream ended before it was stopped")
-            delay_s = min(self._backoff.next_delay_s(), max(self._window.remaining_s(), 0.0))
+            delay_s = min(
+                self._backoff.next_delay_s(),
+                RESUME_SHARE_OF_TRUST * max(self._window.remaining_s(), 0.0),
+            )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay_s)
 

@@ -50,12 +50,22 @@ KEEPALIVE_TIMEOUT_S = 5.0
 # stream stays quiet (the server allows a ping a second). gRPC core waits for
 # the ack for ``grpc.http2.ping_timeout_ms`` (60 s unset), not for
 # ``grpc.keepalive_timeout_ms``, so both are set.
+#
+# A server that comes back (restarted on the same address) is reconnected to
+# within RECONNECT_MAX_S (+-20% jitter), not after gRPC's default backoff, which
+# grows x1.6 from 1 s to 120 s and, after a 20 s outage, waited 10 s more: far
+# into a lease's ttl. The first retry comes after RECONNECT_INITIAL_S. The connect
+# timeout (``grpc.min_reconnect_backoff_ms``, 20 s) stays gRPC's.
+RECONNECT_INITIAL_S = 0.25
+RECONNECT_MAX_S = 1.0
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", round(KEEPALIVE_TIME_S * 1000)),
     ("grpc.keepalive_timeout_ms", round(KEEPALIVE_TIMEOUT_S * 1000)),
     ("grpc.http2.ping_timeout_ms", round(KEEPALIVE_TIMEOUT_S * 1000)),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.initial_reconnect_backoff_ms", round(RECONNECT_INITIAL_S * 1000)),
+    ("grpc.max_reconnect_backoff_ms", round(RECONNECT_MAX_S * 1000)),
 )
 
 _Response = TypeVar("_Response")

@@ -59,3 +59,13 @@ def test_client_channel_pings_after_10_s_and_drops_after_5_s_more_on_quiet_strea
     # Pings on idle connections and quiet streams (a watch), not throttled to one a minute.
     assert options["grpc.keepalive_permit_without_calls"] == 1
     assert options["grpc.http2.max_pings_without_data"] == 0
+
+
+def test_client_channel_reconnects_within_1_s_of_a_server_coming_back():
+    # gRPC's default (1 s, x1.6, up to 120 s) waited 10 s more after a 20 s outage:
+    # tests/fault/test_server_restart.py. Retries from 250 ms, then at most every
+    # 1 s (+-20% jitter, gRPC's); the 20 s connect timeout stays gRPC's.
+    options = dict(CHANNEL_OPTIONS)
+    assert options["grpc.initial_reconnect_backoff_ms"] == 250
+    assert options["grpc.max_reconnect_backoff_ms"] == 1_000
+    assert "grpc.min_reconnect_backoff_ms" not in options
