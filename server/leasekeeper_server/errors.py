@@ -18,7 +18,8 @@
     │   └── ClaimRateLimit          the namespace's claims per second are spent
     └── ServiceUnavailable    retry the call                      -> UNAVAILABLE
         ├── DatabaseUnavailable   the database cannot be reached
-        │   └── DatabaseRefused       it refuses us for good: no retry helps
+        │   ├── DatabaseRefused       it refuses us for good: no retry helps
+        │   └── StatementsRefused     it answers but refuses our statements
         └── ShuttingDown          the server is draining
 
 The mapping to gRPC lives in one table, in ``status.py``. These errors never
@@ -189,6 +190,16 @@ class DatabaseUnavailable(ServiceUnavailable):
     """The database could not be reached or did not answer in time."""
 
     reason = "DATABASE_UNAVAILABLE"
+
+
+class StatementsRefused(DatabaseUnavailable):
+    """The database answers but refuses the service's statements (Store.ping).
+
+    A privilege taken from the service's role, a read-only session, a
+    prepared statement lost to a pooler: calls cannot be decided however fast
+    the database answers, so health is NOT_SERVING (health.py). Callers get
+    UNAVAILABLE, as for any DatabaseUnavailable.
+    """
 
 
 class DatabaseRefused(DatabaseUnavailable):

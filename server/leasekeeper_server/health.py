@@ -4,12 +4,15 @@ Every ``health_interval_s`` the monitor checks: it sends one ping along the
 requests' path (``Store.ping``: a pooled connection, a prepared statement,
 and the write path of the tables calls write, changing nothing), and takes
 the outcomes of the statements calls ran since its previous check
-(``Store.outcomes``). **NOT_SERVING when the ping fails, or when calls ran
-statements since the previous check and every one failed** without deciding
-(the database out of reach or refusing the service's statements: see
-``store.py``); SERVING otherwise. The ping judges an idle server, and a
-server whose calls only read while writes are refused; a server taken out of
-rotation notices when it can serve again.
+(``Store.outcomes``). **NOT_SERVING when the database refuses the ping
+(StatementsRefused: a privilege taken, a read-only session), or when every
+statement since the previous check failed** without deciding, the calls'
+and an unanswered ping's alike (the database out of reach or too slow: see
+``store.py``); SERVING otherwise. A refused ping is decisive because calls
+that only read may still succeed while writes are refused; an unanswered one
+is not, because on a loaded machine a ping may wait while calls are being
+decided. The ping also judges an idle server: a server taken out of rotation
+notices when it can serve again.
 
 Both the overall health ("") and ``leasekeeper.v1.LeaseService`` follow it
 (readiness: route calls here only while they can be decided).
@@ -32,7 +35,7 @@ import time
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from .errors import DatabaseUnavailable
+from .errors import DatabaseUnavailable, StatementsRefused
 from .outcomes import describe
 from .store import Store
 
@@ -77,12 +80,11 @@ class HealthMonitor:
             await self._check()
 
     async def _check(self) -> None:
-        ping_failure = await self._ping()
+        refused = await self._ping()
         tally = self._store.outcomes.take()
-        calls_failed = tally.failed > 0 and tally.succeeded == 0
-        serving = ping_failure is None and not calls_failed
-        failed = tally.failed + (ping_failure is not None)
-        self._log(serving, failed, ping_failure or tally.last_failure)
+        serving = refused is None and (tally.succeeded > 0 or tally.failed == 0)
+        failed = tally.failed + (refused is not None)
+        self._log(serving, failed, refused or tally.last_failure)
         if serving == self._serving:
             return
         self._serving = serving
@@ -90,13 +92,17 @@ class HealthMonitor:
             await self.servicer.set(name, SERVING if serving else NOT_SERVING)
 
     async def _ping(self) -> str | None:
-        """Pings the database; None when it answered, else why it did not (one line)."""
+        """Pings the database: why it refused (one line), else None.
+
+        An unanswered ping is told to the store's outcomes as one failed
+        statement, judged with the calls' (see the module docstring).
+        """
         try:
             await asyncio.wait_for(self._store.ping(), self._interval_s * 2 + 1)
-        except DatabaseUnavailable as exc:
+        except StatementsRefused as exc:
             return f"health ping: {describe(exc)}"
-        except TimeoutError:
-            return "health ping unanswered"
+        except (DatabaseUnavailable, TimeoutError) as exc:
+            self._store.outcomes.failure(exc)
         return None
 
     def _log(self, serving: bool, failed: int, last_failure: str) -> None:

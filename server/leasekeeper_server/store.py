@@ -31,6 +31,7 @@ from .errors import (
     LeaseLimit,
     LeaseLost,
     LeaseServiceError,
+    StatementsRefused,
     TaskCompleted,
     TaskNotFound,
 )
@@ -113,6 +114,15 @@ _CONNECTION_LOST: tuple[type[BaseException], ...] = (
     OSError,
     asyncpg.InterfaceError,
     asyncpg.exceptions.ConnectionDoesNotExistError,
+)
+
+
+# Errors the database sends that say it is slow or going away, not that it
+# refuses the service's statements (Store.ping).
+_NOT_A_REFUSAL: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.QueryCanceledError,  # statement_timeout
+    asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
+    asyncpg.exceptions.OperatorInterventionError,  # 57P0x: shutting down, starting up
 )
 
 
@@ -401,10 +411,21 @@ class Store:
         which tallies the calls' statements only.
 
         Raises:
-            DatabaseUnavailable: it cannot.
+            StatementsRefused: (a DatabaseUnavailable) the database answered
+                and refused the statement: a privilege taken from the
+                service's role, a read-only session, a prepared statement lost.
+            DatabaseUnavailable: no answer: the database out of reach, or
+                too slow (a statement or lock timeout).
         """
         async with self._pooled() as conn:
-            await conn.fetchrow(self._sql["ping"])
+            try:
+                await conn.fetchrow(self._sql["ping"])
+            except asyncpg.PostgresError as exc:
+                if isinstance(exc, _NOT_A_REFUSAL):
+                    raise
+                raise StatementsRefused(
+                    f"database refuses the service's statements: {exc}"
+                ) from exc
 
     async def page_token_key(self) -> bytes:
         """The key that signs page tokens, the same for every replica (read once, at start).

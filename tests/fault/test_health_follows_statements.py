@@ -237,3 +237,48 @@ async def _stays(stub: health_pb2_grpc.HealthStub, wanted: int) -> None:
         seen.append(await health(stub, ""))
         await asyncio.sleep(interval_s / 4)
     assert set(seen) == {wanted}, seen
+
+
+async def test_health_serving_while_calls_succeed_and_the_ping_waits_on_a_lock(
+    database_url: str, db: asyncpg.Connection, namespace: str
+) -> None:
+    """A ping left unanswered is one failed statement, not a verdict.
+
+    An operator's lock on the effects table (SHARE: a non-concurrent CREATE
+    INDEX takes it) holds the ping's write back until it times out, while
+    calls that read keep being decided: health stays SERVING. On a loaded
+    machine a slow ping is the same case.
+    """
+    async with (
+        running_server(database_url, **QUICK_OUTAGE_SETTINGS) as server,
+        grpc.aio.insecure_channel(server.target) as channel,
+    ):
+        stub = rpc.LeaseServiceStub(channel)
+        health_stub = health_pb2_grpc.HealthStub(channel)
+        await stub.Claim(
+            pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="o", ttl=dur(30)), timeout=5
+        )
+        inspect = pb.GetLeaseRequest(namespace=namespace, task_id="t")
+        assert await health(health_stub, "") == SERVING
+
+        async with calling(lambda: stub.GetLease(inspect, timeout=5)) as read_failures:
+            async with db.transaction():
+                await db.execute("LOCK TABLE leasekeeper_effects IN SHARE MODE")
+                await poll(
+                    lambda: lock_waiters(db),
+                    "the health ping waiting on the lock",
+                    HEALTH_WITHIN_S,
+                    0.02,
+                )
+                await _stays(health_stub, SERVING)
+        assert not read_failures, read_failures
+
+
+async def lock_waiters(db: asyncpg.Connection) -> bool:
+    """Whether some session waits for a lock on leasekeeper_effects."""
+    return bool(
+        await db.fetchval(
+            "SELECT count(*) FROM pg_locks"
+            " WHERE NOT granted AND relation = 'leasekeeper_effects'::regclass"
+        )
+    )
