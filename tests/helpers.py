@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -12,6 +13,8 @@ import grpc
 from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+
+from leasekeeper.v1 import lease_service_pb2 as pb
 
 
 def dur(seconds: float) -> duration_pb2.Duration:
@@ -67,19 +70,43 @@ STEP_S = 15.0  # the longest one step may take on a loaded machine
 
 
 async def poll(
-    probe: Callable[[], Awaitable[Any]],
+    probe: Callable[[], Awaitable[Any]] | Callable[[], Any],
     what: str,
     within_s: float = STEP_S,
     interval_s: float = 0.02,
+    details: Callable[[], str] | None = None,
 ) -> Any:
-    """Awaits ``probe()`` every ``interval_s`` until it returns something truthy; returns it.
+    """Calls ``probe()`` every ``interval_s`` until it returns something truthy; returns it.
 
-    The way tests wait: on real state (a row, a scrape, a log line), bounded,
-    never a fixed sleep followed by an assertion.
+    The way tests wait: on real state (a row, a scrape, a log line, a fake's
+    state), bounded, never a fixed sleep followed by an assertion. ``probe``
+    may be a coroutine function or a plain one. When it is not truthy within
+    ``within_s`` seconds: AssertionError naming ``what``, followed by
+    ``details()`` when given (a process's logs).
     """
     deadline = time.monotonic() + within_s
     while True:
-        if result := await probe():
+        result = probe()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
             return result
-        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
+        if time.monotonic() >= deadline:
+            message = f"not within {within_s} s: {what}"
+            raise AssertionError(f"{message}\n{details()}" if details else message)
         await asyncio.sleep(interval_s)
+
+
+async def claim_held(
+    stub: Any, namespace: str, task_id: str, owner: str = "w", ttl: float = 30
+) -> int:
+    """Claims ``task_id`` for ``owner`` over ``stub`` (a LeaseServiceStub); asserts it was acquired.
+
+    Returns:
+        The lease's fence.
+    """
+    reply = await stub.Claim(
+        pb.ClaimRequest(namespace=namespace, task_id=task_id, owner_id=owner, ttl=dur(ttl))
+    )
+    assert reply.acquired
+    return int(reply.lease.fence)

@@ -13,6 +13,7 @@ from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from ._effect_record import EffectRecord as EffectRecord
 from ._trust import trust_deadline
 from .errors import InvalidArgument
 from .v1 import lease_service_pb2 as pb
@@ -145,44 +146,6 @@ class FenceCheck:
     reason: str | None
     remaining_ttl: float | None
     expire_time: datetime | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EffectRecord:
-    """One effect of a task as the effect ledger recorded it.
-
-    Attributes:
-        namespace: The task's namespace.
-        task_id: The task.
-        effect_key: The caller's idempotency key for the effect, unique within the task.
-        policy: ``"ONCE"`` or ``"LATEST"``, fixed by the key's first reservation.
-        request_digest: The digest the effect was reserved with (opaque to the server).
-        state: ``"RESERVED"`` (outcome never confirmed: it may or may not have
-            happened), ``"SUCCEEDED"`` or ``"FAILED"``.
-        fence: The fence of the latest reservation.
-        complete_fence: The fence that recorded the outcome; 0 while RESERVED,
-            higher than ``fence`` when a replacement worker reconciled an earlier attempt.
-        retryable: For FAILED: whether a new attempt may be reserved.
-        result: The opaque result recorded with the outcome (e.g. the outside
-            system's message id, or an error description for FAILED).
-        attempts: How many times the effect was reserved (1 for the first attempt).
-        begin_time: When the latest reservation was made (UTC, database clock).
-        complete_time: When the outcome was recorded (UTC, database clock); None while RESERVED.
-    """
-
-    namespace: str
-    task_id: str
-    effect_key: str
-    policy: str
-    request_digest: bytes
-    state: str
-    fence: int
-    complete_fence: int
-    retryable: bool
-    result: bytes
-    attempts: int
-    begin_time: datetime
-    complete_time: datetime | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -48,14 +48,12 @@ import functools
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec
+from typing import Any, ParamSpec
 
 from . import _types
+from ._ports import EffectLease
 from ._types import BeginResult, EffectRecord
 from .errors import EffectFailed, EffectInDoubt, LeaseError
-
-if TYPE_CHECKING:
-    from .lease import HeldLease
 
 P = ParamSpec("P")
 
@@ -142,7 +140,7 @@ class EffectRunner:
 
     def __init__(
         self,
-        lease: HeldLease,
+        lease: EffectLease,
         effect_key: str,
         *,
         policy: str,

@@ -35,7 +35,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 if TYPE_CHECKING:
-    from ._types import EffectRecord
+    from ._effect_record import EffectRecord
 
 DOMAIN = "leasekeeper"
 """The ``ErrorInfo.domain`` of every leasekeeper error."""

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from ._ports import FenceValidator
 from ._types import FenceCheck
 from .errors import (
     DOMAIN,
@@ -32,9 +33,6 @@ from .errors import (
     MissingFence,
     StaleFence,
 )
-
-if TYPE_CHECKING:
-    from .client import LeaseClient
 
 METADATA_NAMESPACE = "leasekeeper-namespace"
 METADATA_TASK_ID = "leasekeeper-task-id"
@@ -119,7 +117,7 @@ class FenceChecker:
             check names its own).
     """
 
-    def __init__(self, client: LeaseClient) -> None:
+    def __init__(self, client: FenceValidator) -> None:
         self._client = client
 
     async def check(self, namespace: str, task_id: str, fence: int) -> FenceCheck:

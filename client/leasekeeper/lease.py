@@ -35,13 +35,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import grpc
 
 from ._backoff import Backoff
 from ._heartbeat import STOP_TIMEOUT_S, HeartbeatKeeper, beat_interval_s
 from ._owner import new_request_id
+from ._ports import HoldingClient
 from ._trust import TrustWindow, default_safety_margin
 from ._types import ClaimResult, LeaseInfo, to_duration
 from .effects import EffectRunner, Reconcile
@@ -53,9 +53,6 @@ from .errors import (
 )
 from .fencing import FenceRef
 from .v1 import lease_service_pb2 as pb
-
-if TYPE_CHECKING:
-    from .client import LeaseClient
 
 logger = logging.getLogger("leasekeeper.lease")
 
@@ -92,7 +89,7 @@ class HeldLease:
     :meth:`effect`.
     """
 
-    def __init__(self, client: LeaseClient, info: LeaseInfo, window: TrustWindow) -> None:
+    def __init__(self, client: HoldingClient, info: LeaseInfo, window: TrustWindow) -> None:
         self._client = client
         self._info = info
         self._window = window
@@ -377,7 +374,7 @@ class LeaseHold:
 
     def __init__(
         self,
-        client: LeaseClient,
+        client: HoldingClient,
         task_id: str,
         *,
         ttl_s: float | None,

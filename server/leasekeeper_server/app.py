@@ -20,7 +20,6 @@ from grpc_reflection.v1alpha import reflection
 
 from . import tracing
 from .audit import Audit
-from .auth import Authenticator, AuthInterceptor, TokenFile, auth_enabled, log_startup
 from .embedded import EmbeddedPostgres
 from .errors import DatabaseUnavailable
 from .events import LeaseEvents
@@ -33,11 +32,16 @@ from .migrate import migrate
 from .observe import ObserveInterceptor
 from .paging import PageTokens
 from .pooling import check_session_pooling
-from .servicer import SERVICE_NAME, LeaseServicer, method_handlers
+from .security.authenticator import Authenticator
+from .security.interceptor import AuthInterceptor
+from .security.mode import auth_enabled, log_startup
+from .security.tls import CertificateFiles, TlsFiles
+from .security.token_file import TokenFile
+from .service import SERVICE_NAME
+from .servicer import LeaseServicer, method_handlers
 from .settings import Settings
 from .store import Store
 from .sweeper import ExpirySweeper
-from .tls import CertificateFiles, TlsFiles
 from .watch import WatchService
 
 log = logging.getLogger(__name__)

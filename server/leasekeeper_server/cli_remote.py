@@ -31,16 +31,15 @@ from typing import Any
 import grpc
 
 from leasekeeper import CHANNEL_OPTIONS
+from leasekeeper._types import EFFECT_STATES, TASK_STATES
+from leasekeeper.client import DEFAULT_TARGET
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as pb_grpc
 
 from . import cli_output as out
+from .paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 
-DEFAULT_TARGET = "127.0.0.1:9457"
 CALL_TIMEOUT_S = 10.0
-# The server's largest page.
-MAX_PAGE_SIZE = 1000
-DEFAULT_PAGE_SIZE = 100
 
 LEASE_COLUMNS = (
     "task_id",
@@ -63,8 +62,6 @@ EFFECT_COLUMNS = (
     "complete_time",
     "result",
 )
-TASK_STATES = ("FREE", "HELD", "EXPIRED", "COMPLETED")
-EFFECT_STATES = ("RESERVED", "SUCCEEDED", "FAILED")
 
 
 class UsageError(Exception):

@@ -147,10 +147,14 @@ def decide_begin(record: Effect, request: BeginRequest) -> BeginDecision:
     """
     newer = request.fence > max(record.fence, record.complete_fence or 0)
     if request.policy is not record.policy:
-        raise EffectKeyReused(record, "policy")
+        raise EffectKeyReused(
+            record.effect_key, record.policy.value.upper(), record.fence, "policy"
+        )
     superseding = record.policy is EffectPolicy.LATEST and newer
     if request.request_digest != record.request_digest and not superseding:
-        raise EffectKeyReused(record, "request_digest")
+        raise EffectKeyReused(
+            record.effect_key, record.policy.value.upper(), record.fence, "request_digest"
+        )
     if record.state is EffectState.FAILED and record.retryable:
         return BeginDecision.PROCEED
     if superseding:

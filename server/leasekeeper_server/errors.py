@@ -28,12 +28,7 @@ mention asyncpg, SQLSTATEs or tables: ``store.py`` translates driver errors.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .model import LossReason
-
-if TYPE_CHECKING:
-    from .effects import Effect
 
 
 class LeaseServiceError(Exception):
@@ -95,14 +90,14 @@ class EffectKeyReused(EffectConflict):
 
     reason = "EFFECT_KEY_REUSED"
 
-    def __init__(self, record: Effect, field: str) -> None:
+    def __init__(self, effect_key: str, policy: str, fence: int, field: str) -> None:
+        """``policy`` and ``fence`` are the record's; ``field`` the request's field that differs."""
         super().__init__(
-            f"effect_key {record.effect_key!r} was reserved with another {field} "
-            f"(policy {record.policy.value.upper()}, fence {record.fence}): "
-            "one key names one effect"
+            f"effect_key {effect_key!r} was reserved with another {field} "
+            f"(policy {policy}, fence {fence}): one key names one effect"
         )
         self.field = field
-        self.fence = record.fence
+        self.fence = fence
 
     def metadata(self) -> dict[str, str]:  # noqa: D102
         return {"field": self.field, "recorded_fence": str(self.fence)}

@@ -19,8 +19,10 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-SERVICE = "leasekeeper.v1.LeaseService"
-DEFAULT_TARGET = "127.0.0.1:9457"
+from leasekeeper.client import DEFAULT_TARGET
+
+from .service import SERVICE_NAME
+
 SERVING = "SERVING"
 
 
@@ -32,7 +34,7 @@ def check(target: str, timeout_s: float = 2.0) -> str:
     """
     with grpc.insecure_channel(target) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout_s
+            health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout_s
         )
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 

@@ -34,12 +34,13 @@ import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 
-from . import auth, convert, validate
+from . import convert, validate
 from .errors import InvalidArgument, LeaseLost, ShuttingDown
 from .events import LeaseEvents
 from .metrics import Metrics
 from .model import LossReason, Task, owner_loss
 from .rpc import abort_with, check_parsed
+from .security import caller as auth
 from .settings import Settings
 from .store import Store
 

@@ -37,13 +37,14 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 
 from . import tracing
 from .audit import Audit
-from .auth import current_principal
 from .errors import LeaseServiceError
 from .metrics import ClaimResult, Metrics
+from .security.caller import current_principal
+from .service import SERVICE_NAME
 
 log = logging.getLogger(__name__)
 
-PREFIX = "/" + tracing.SERVICE + "/"
+PREFIX = "/" + SERVICE_NAME + "/"
 _OK = grpc.StatusCode.OK
 _ABORTED = grpc.StatusCode.ABORTED
 _LIMITED = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -52,7 +53,7 @@ _LOSS_PREFIX = "LOSS_REASON_"
 
 
 def _principal() -> str | None:
-    """The caller's principal name when ``auth.py`` recorded one for this call."""
+    """The caller's principal name when the auth interceptor recorded one for this call."""
     principal = current_principal()
     name = getattr(principal, "name", None)
     return name if isinstance(name, str) else None

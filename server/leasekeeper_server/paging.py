@@ -33,6 +33,10 @@ from typing import TypeVar
 
 from .errors import InvalidArgument
 
+# ListLeases/ListEffects page sizes: the default for page_size 0, and the largest.
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
 Row = TypeVar("Row")
 # What a token is bound to: the RPC's name, then the namespace and the filters
 # (None for an unset filter).

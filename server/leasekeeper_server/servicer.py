@@ -11,7 +11,7 @@ import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 
-from . import auth, convert, validate
+from . import convert, validate
 from .effects import BeginDecision, EffectState
 from .errors import EffectConflict, LeaseLost, ShuttingDown, TaskNotFound
 from .events import LeaseEvents
@@ -22,6 +22,8 @@ from .metrics import EffectEvent, Metrics
 from .model import ClaimOutcome, TaskKey, fence_loss
 from .paging import PageTokens
 from .rpc import parse_or_malformed, unary
+from .security import caller as auth
+from .service import SERVICE_NAME
 from .settings import Settings
 from .store import Store
 from .watch import WatchService
@@ -319,5 +321,3 @@ _BEGIN_EVENT = {
     BeginDecision.ALREADY_APPLIED: EffectEvent.ALREADY_APPLIED,
     BeginDecision.IN_DOUBT: EffectEvent.IN_DOUBT,
 }
-
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LeaseService"].full_name

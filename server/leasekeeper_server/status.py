@@ -15,9 +15,9 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from . import errors
+from leasekeeper.errors import DOMAIN
 
-DOMAIN = "leasekeeper"
+from . import errors
 
 # Most specific class first: the first match wins.
 _CODES: tuple[tuple[type[errors.LeaseServiceError], grpc.StatusCode], ...] = (

@@ -36,9 +36,9 @@ import grpc
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from .service import SERVICE_NAME
 from .settings import Settings
 
-SERVICE = "leasekeeper.v1.LeaseService"
 SQL_SCOPE = "opentelemetry.instrumentation.asyncpg"
 
 # The codes that mean the server failed (OpenTelemetry semantic conventions for gRPC servers).
@@ -154,12 +154,12 @@ class RpcTracing:
         token = _sql_tracer.set(self._sql)
         try:
             with self._tracer.start_as_current_span(
-                f"{SERVICE}/{method}",
+                f"{SERVICE_NAME}/{method}",
                 context=parent,
                 kind=SpanKind.SERVER,
                 attributes={
                     "rpc.system": "grpc",
-                    "rpc.service": SERVICE,
+                    "rpc.service": SERVICE_NAME,
                     "rpc.method": method,
                 },
                 record_exception=False,

@@ -25,10 +25,9 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 from .effects import BeginRequest, EffectKey, EffectPolicy, EffectState, Outcome
 from .errors import InvalidArgument
 from .model import TaskKey, TaskState
+from .paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from .settings import Settings
 
-DEFAULT_PAGE_SIZE = 100
-MAX_PAGE_SIZE = 1000
 _MAX_DURATION_SECONDS = 315_576_000_000  # google.protobuf.Duration's own bound
 _NANOS_PER_SECOND = 1_000_000_000
 MAX_DIGEST_BYTES = 64  # room for SHA-512; SHA-256 is 32

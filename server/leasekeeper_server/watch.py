@@ -26,11 +26,12 @@ import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 
-from . import auth, convert, validate
+from . import convert, validate
 from .errors import ShuttingDown
 from .events import LeaseEvents
 from .model import Task, TaskKey
 from .rpc import abort_with, check_parsed
+from .security import caller as auth
 from .settings import Settings
 from .store import Store, task_from_row
 

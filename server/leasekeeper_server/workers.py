@@ -411,7 +411,7 @@ async def supervise(settings: Settings) -> int:
             each worker.
     """
     from .app import prepare_database, resolve_database
-    from .cli import when_database_answers
+    from .startup import when_database_answers
 
     dsn, embedded = resolve_database(settings)
     held: list[socket.socket] = []
@@ -488,7 +488,7 @@ def _watch_lifeline(loop: asyncio.AbstractEventLoop, fd: int, stop: asyncio.Even
 
 async def _serve_worker(settings: Settings, args: argparse.Namespace, errors: _LastError) -> int:
     """One worker: serves until SIGTERM/SIGINT or the supervisor's end; returns the exit status."""
-    from .cli import _start_when_database_answers
+    from .startup import start_when_database_answers
 
     assert settings.database_url, "the supervisor always names the database"
     loop = asyncio.get_running_loop()
@@ -496,7 +496,7 @@ async def _serve_worker(settings: Settings, args: argparse.Namespace, errors: _L
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     _watch_lifeline(loop, args.lifeline_fd, stop)
-    starting = asyncio.create_task(_start_when_database_answers(settings, settings.database_url))
+    starting = asyncio.create_task(start_when_database_answers(settings, settings.database_url))
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)
     if not starting.done():  # told to stop while starting: nothing to drain
@@ -531,15 +531,15 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--lifeline-fd", type=int, required=True)
     args = parser.parse_args(None if argv is None else list(argv))
 
-    from .cli import _configure_logging, _settings_errors, run_service
     from .settings import Settings
+    from .startup import configure_logging, run_service, settings_errors
 
     try:
         settings = Settings()
     except ValueError as exc:
-        _report(args.status_fd, f"failed invalid settings: {_settings_errors(exc)}")
+        _report(args.status_fd, f"failed invalid settings: {settings_errors(exc)}")
         return 2
-    _configure_logging(settings)
+    configure_logging(settings)
     errors = _LastError()
     logging.getLogger().addHandler(errors)
     return run_service(_serve_worker(settings, args, errors))

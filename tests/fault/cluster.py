@@ -66,6 +66,8 @@ import asyncpg
 import psutil
 from pgserver._commands import POSTGRES_BIN_PATH
 
+from tests.helpers import poll
+
 CLUSTER_USER = "pgserver"
 SUPERUSER = "postgres"
 # sun_path holds 108 bytes on Linux; the socket's own name takes up to 16.
@@ -502,10 +504,7 @@ class PgCluster:
         Raises:
             AssertionError: it did not within ``timeout_s`` (``message``).
         """
-        deadline = time.monotonic() + timeout_s
-        while not await self.fetchval(sql):
-            assert time.monotonic() < deadline, f"{message} after {timeout_s} s"
-            await asyncio.sleep(0.02)
+        await poll(lambda: self.fetchval(sql), message, timeout_s)
 
     async def timeline(self) -> int:
         """The timeline a primary (or a promoted standby) writes its WAL on.

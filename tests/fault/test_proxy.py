@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -139,15 +139,6 @@ class Client:
         self.writer.close()
 
 
-async def poll(probe: Callable[[], bool], what: str) -> None:
-    """``tests.helpers.poll`` for a synchronous probe of the proxy's own state."""
-
-    async def check() -> bool:
-        return probe()
-
-    await helpers.poll(check, what, STEP_TIMEOUT_S, 0.005)
-
-
 async def roundtrip(server: EchoServer, proxy: TcpProxy, payload: bytes = b"ping") -> Client:
     client = await Client.open(proxy.port)
     await client.send(payload)
@@ -161,7 +152,12 @@ async def test_proxy_forward_roundtrip_counts_connection(echo):
     assert proxy.connections == 1 and proxy.stats["connections_accepted"] == 1
     assert bytes(server.received[0]) == b"ping"
     client.close()
-    await poll(lambda: proxy.connections == 0, "the proxy to drop the closed connection")
+    await helpers.poll(
+        lambda: proxy.connections == 0,
+        "the proxy to drop the closed connection",
+        STEP_TIMEOUT_S,
+        0.005,
+    )
 
 
 async def test_proxy_cut_resets_open_and_refuses_new_until_restore(echo):
@@ -210,8 +206,18 @@ async def test_proxy_black_hole_direction_swallows_only_that_way(echo, direction
     await client.send(b"up")
     if direction == "downstream":
         # Upstream goes through; the echo coming back is swallowed.
-        await poll(lambda: bytes(server.received[0]) == b"pingup", "the upstream bytes")
-    await poll(lambda: proxy.stats["chunks_dropped"] >= 1, "the proxy to drop a chunk")
+        await helpers.poll(
+            lambda: bytes(server.received[0]) == b"pingup",
+            "the upstream bytes",
+            STEP_TIMEOUT_S,
+            0.005,
+        )
+    await helpers.poll(
+        lambda: proxy.stats["chunks_dropped"] >= 1,
+        "the proxy to drop a chunk",
+        STEP_TIMEOUT_S,
+        0.005,
+    )
     assert await client.nothing_pending()
     if direction != "downstream":
         assert bytes(server.received[0]) == b"ping", "upstream bytes got through"
@@ -219,7 +225,12 @@ async def test_proxy_black_hole_direction_swallows_only_that_way(echo, direction
     if direction == "upstream":
         assert await client.read_exactly(8) == b"pingdown"
     else:
-        await poll(lambda: proxy.stats["chunks_dropped"] >= 2, "the proxy to drop the push")
+        await helpers.poll(
+            lambda: proxy.stats["chunks_dropped"] >= 2,
+            "the proxy to drop the push",
+            STEP_TIMEOUT_S,
+            0.005,
+        )
         assert await client.nothing_pending()
     assert proxy.connections == 1, "a black hole must not close the connection"
     assert proxy.stats["connections_reset"] == 0
@@ -231,7 +242,12 @@ async def test_proxy_black_hole_both_new_connection_never_reaches_target(echo):
     proxy.black_hole()
     client = await Client.open(proxy.port)
     await client.send(b"hello?")
-    await poll(lambda: proxy.stats["chunks_dropped"] >= 1, "the proxy to drop a chunk")
+    await helpers.poll(
+        lambda: proxy.stats["chunks_dropped"] >= 1,
+        "the proxy to drop a chunk",
+        STEP_TIMEOUT_S,
+        0.005,
+    )
     assert server.received == [], "the target saw a black-holed connection"
     assert await client.nothing_pending()
     proxy.restore()  # never connected to the target: it cannot resume
@@ -247,7 +263,12 @@ async def test_proxy_restore_after_black_hole_resets_only_connections_that_lost_
     idle, busy = await roundtrip(server, proxy), await roundtrip(server, proxy)
     proxy.black_hole(direction)
     await busy.send(b"lost")
-    await poll(lambda: proxy.stats["chunks_dropped"] >= 1, "the proxy to drop a chunk")
+    await helpers.poll(
+        lambda: proxy.stats["chunks_dropped"] >= 1,
+        "the proxy to drop a chunk",
+        STEP_TIMEOUT_S,
+        0.005,
+    )
 
     proxy.restore()
 
@@ -270,7 +291,9 @@ async def test_proxy_delay_direction_holds_chunks_in_order(echo, direction):
     for part in (b"a", b"b", b"c"):  # three chunks, in order
         await client.send(part)
         await asyncio.sleep(0)
-    await poll(lambda: bytes(server.received[0]) == b"pingabc", "the upstream bytes")
+    await helpers.poll(
+        lambda: bytes(server.received[0]) == b"pingabc", "the upstream bytes", STEP_TIMEOUT_S, 0.005
+    )
     upstream_s = time.monotonic() - start
     assert await client.read_exactly(7) == b"pingabc"
     roundtrip_s = time.monotonic() - start
@@ -289,7 +312,9 @@ async def test_proxy_delay_upstream_push_downstream_is_prompt(echo):
     client = await roundtrip(server, proxy)
     proxy.delay(DELAY_S * 10, "upstream")
     await client.send(b"late")
-    await poll(lambda: proxy.queued_chunks == 1, "the chunk to be held")
+    await helpers.poll(
+        lambda: proxy.queued_chunks == 1, "the chunk to be held", STEP_TIMEOUT_S, 0.005
+    )
     start = time.monotonic()
     await server.push(b"now")
     assert await client.read_exactly(7) == b"pingnow"
@@ -304,12 +329,19 @@ async def test_proxy_restore_keeps_release_time_of_held_chunks(echo):
     proxy.delay(DELAY_S, "upstream")
     start = time.monotonic()
     await client.send(b"held")
-    await poll(lambda: proxy.queued_chunks == 1, "the chunk to be held")
+    await helpers.poll(
+        lambda: proxy.queued_chunks == 1, "the chunk to be held", STEP_TIMEOUT_S, 0.005
+    )
 
     proxy.restore()
 
     await client.send(b"next")  # forwarded at once, but after the held chunk
-    await poll(lambda: bytes(server.received[0]) == b"pingheldnext", "both chunks, in order")
+    await helpers.poll(
+        lambda: bytes(server.received[0]) == b"pingheldnext",
+        "both chunks, in order",
+        STEP_TIMEOUT_S,
+        0.005,
+    )
     assert time.monotonic() - start >= DELAY_S
     assert proxy.queued_chunks == 0 and proxy.connections == 1
     client.close()
@@ -320,7 +352,12 @@ async def test_proxy_delay_ends_black_hole_and_resets_broken_connections(echo):
     client = await roundtrip(server, proxy)
     proxy.black_hole("upstream")
     await client.send(b"lost")
-    await poll(lambda: proxy.stats["chunks_dropped"] >= 1, "the proxy to drop a chunk")
+    await helpers.poll(
+        lambda: proxy.stats["chunks_dropped"] >= 1,
+        "the proxy to drop a chunk",
+        STEP_TIMEOUT_S,
+        0.005,
+    )
 
     proxy.delay(0, "upstream")
 

@@ -47,7 +47,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -59,12 +59,11 @@ import pytest
 from leasekeeper import LeaseClient, LeaseUnavailable
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-from tests import helpers
 from tests.conftest import RunningServer, running_server
 from tests.fault.dburl import database_address, proxied
 from tests.fault.processes import QUICK_OUTAGE_SETTINGS
 from tests.fault.proxy import TcpProxy, tcp_proxy
-from tests.helpers import dur, error_info
+from tests.helpers import dur, error_info, poll
 
 pytestmark = [pytest.mark.timeout(45)]
 
@@ -76,18 +75,6 @@ POLL_INTERVAL_S = 0.01
 def safety_margin_s(ttl_s: float) -> float:
     """The client's default safety margin (``leasekeeper._trust.default_safety_margin``)."""
     return min(1.0, ttl_s / 10)
-
-
-async def poll(probe: Callable[[], Any], what: str, within_s: float = STEP_TIMEOUT_S) -> float:
-    """Awaits ``probe()`` (sync or async) until truthy (tests.helpers.poll); returns the seconds."""
-    start = time.monotonic()
-
-    async def probed() -> Any:
-        value = probe()
-        return await value if asyncio.iscoroutine(value) else value
-
-    await helpers.poll(probed, what, within_s, POLL_INTERVAL_S)
-    return time.monotonic() - start
 
 
 async def task_row(db: asyncpg.Connection, namespace: str, task_id: str) -> asyncpg.Record:
@@ -106,14 +93,14 @@ async def task_row(db: asyncpg.Connection, namespace: str, task_id: str) -> asyn
 
 async def renewed_after(
     db: asyncpg.Connection, namespace: str, task_id: str, expire_time: Any, by_s: float = 0.0
-) -> float:
+) -> None:
     """Waits until a renewal moved the expire_time more than ``by_s`` past ``expire_time``."""
 
     async def moved() -> bool:
         row = await task_row(db, namespace, task_id)
         return row["expire_time"] - expire_time > timedelta(seconds=by_s)
 
-    return await poll(moved, "renewed")
+    await poll(moved, "renewed", STEP_TIMEOUT_S, POLL_INTERVAL_S)
 
 
 async def wait_expired(db: asyncpg.Connection, namespace: str, task_id: str) -> None:
@@ -122,7 +109,7 @@ async def wait_expired(db: asyncpg.Connection, namespace: str, task_id: str) -> 
     async def expired() -> bool:
         return not (await task_row(db, namespace, task_id))["live"]
 
-    await poll(expired, "expired")
+    await poll(expired, "expired", STEP_TIMEOUT_S, POLL_INTERVAL_S)
 
 
 # -- a. the holder's network black-holed ---------------------------------------------
@@ -484,7 +471,9 @@ async def test_hold_renewals_failing_holder_told_at_once_lease_kept_same_fence(
                 faulted_at = time.monotonic()
                 trust_left_s = lease.remaining_s()
 
-                told_s = await poll(lambda: lease.renewal_error, "told", within_s)
+                told_from = time.monotonic()
+                await poll(lambda: lease.renewal_error, "told", within_s, POLL_INTERVAL_S)
+                told_s = time.monotonic() - told_from
                 error = lease.renewal_error
                 assert isinstance(error, LeaseUnavailable), repr(error)
                 assert error.reason == "DATABASE_UNAVAILABLE"
@@ -500,9 +489,11 @@ async def test_hold_renewals_failing_holder_told_at_once_lease_kept_same_fence(
                         lease.fence,
                     )
 
-            recovered_s = await poll(
-                lambda: lease.renewal_error is None, "renewed", RECOVER_WITHIN_S
+            recovered_from = time.monotonic()
+            await poll(
+                lambda: lease.renewal_error is None, "renewed", RECOVER_WITHIN_S, POLL_INTERVAL_S
             )
+            recovered_s = time.monotonic() - recovered_from
             assert not lease.lost
             row = await task_row(db, namespace, "t")
             assert (row["owner_id"], row["fence"], row["live"]) == (
@@ -566,7 +557,12 @@ async def test_delayed_renewal_after_expiry_and_new_claim_refused_new_owner_unto
                 renewal = pb.HeartbeatRequest(ttl=dur(LONG_TTL_S))  # a later beat names nothing
             await stream.write(renewal)
             outcome = asyncio.ensure_future(stream.read())
-        await poll(lambda: proxy.queued_chunks, "the renewal held in the proxy")
+        await poll(
+            lambda: proxy.queued_chunks,
+            "the renewal held in the proxy",
+            STEP_TIMEOUT_S,
+            POLL_INTERVAL_S,
+        )
         sent_at = time.monotonic()
 
         # Real time is the point: the lease must run out its ttl on the database clock.

@@ -23,7 +23,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from leasekeeper import LeaseClient, LeaseError
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-from leasekeeper_server import auth, tokens
+from leasekeeper_server import security as auth
+from leasekeeper_server import tokens
 from leasekeeper_server.app import LeaseServer
 from leasekeeper_server.errors import PermissionDenied
 from leasekeeper_server.rpc import abort_with

@@ -18,12 +18,12 @@ import pytest
 
 from leasekeeper.ids import BIDI_CONTROLS
 from leasekeeper.v1 import lease_service_pb2 as pb
-from leasekeeper_server.servicer import SERVICE_NAME
+from leasekeeper_server.service import SERVICE_NAME
 from tests.conftest import running_server
 from tests.fault.dburl import database_address, proxied, replaced
 from tests.fault.processes import NOT_SERVING, QUICK_OUTAGE_SETTINGS, health_status
 from tests.fault.proxy import tcp_proxy
-from tests.helpers import dur, poll
+from tests.helpers import claim_held, poll
 from tests.integration.contract_helpers import backdate
 
 CLI_TIMEOUT_S = 30.0
@@ -76,15 +76,8 @@ def assert_aligned(text: str) -> None:
             assert line[start - 2 : start] == "  ", f"misaligned: {line!r} under {header!r}"
 
 
-async def _claim(stub, namespace: str, task_id: str, owner: str = "w", ttl: float = 30) -> None:
-    reply = await stub.Claim(
-        pb.ClaimRequest(namespace=namespace, task_id=task_id, owner_id=owner, ttl=dur(ttl))
-    )
-    assert reply.acquired
-
-
 async def test_leases_get_held_task_prints_its_lease(server, stub, namespace):
-    await _claim(stub, namespace, "t1")
+    await claim_held(stub, namespace, "t1")
     where = ("-n", namespace, "--target", server.target)
     code, out, _ = await run_cli("leases", "get", "t1", *where, "--json")
     assert code == 0
@@ -121,7 +114,7 @@ async def test_leases_get_unknown_task_exits_1(server, namespace):
 
 async def test_leases_list_state_filter_lists_only_that_state(server, stub, namespace):
     for task_id in ("a", "b", "c"):
-        await _claim(stub, namespace, task_id)
+        await claim_held(stub, namespace, task_id)
     await stub.Release(pb.ReleaseRequest(namespace=namespace, task_id="b", owner_id="w", fence=1))
     where = ("-n", namespace, "--target", server.target)
     code, out, _ = await run_cli("leases", "list", *where, "--state", "HELD", "--json")
@@ -138,8 +131,8 @@ async def test_leases_list_state_filter_lists_only_that_state(server, stub, name
 
 
 async def test_leases_list_default_prints_an_aligned_table_of_every_task(server, stub, namespace):
-    await _claim(stub, namespace, "short", owner="worker-with-a-long-name")
-    await _claim(stub, namespace, "a-much-longer-task-id", owner="w")
+    await claim_held(stub, namespace, "short", owner="worker-with-a-long-name")
+    await claim_held(stub, namespace, "a-much-longer-task-id", owner="w")
     await stub.Release(
         pb.ReleaseRequest(
             namespace=namespace, task_id="short", owner_id="worker-with-a-long-name", fence=1
@@ -167,8 +160,8 @@ async def test_leases_list_default_prints_an_aligned_table_of_every_task(server,
 
 
 async def test_leases_list_expired_lists_only_expired_leases(server, stub, db, namespace):
-    await _claim(stub, namespace, "gone", ttl=60)
-    await _claim(stub, namespace, "live", ttl=60)
+    await claim_held(stub, namespace, "gone", ttl=60)
+    await claim_held(stub, namespace, "live", ttl=60)
     await backdate(db, namespace, "gone")  # expired now, on the database clock
     where = ("-n", namespace, "--target", server.target)
     code, out, _ = await run_cli("leases", "list", *where, "--expired", "--json")
@@ -238,7 +231,7 @@ async def test_leases_list_table_shows_bidi_controls_escaped_and_blank_ids_quote
 
 async def test_leases_list_owner_filters_across_pages(server, stub, namespace):
     for i in range(7):
-        await _claim(stub, namespace, f"t{i}", owner="mine" if i % 3 == 0 else "other")
+        await claim_held(stub, namespace, f"t{i}", owner="mine" if i % 3 == 0 else "other")
     where = ("-n", namespace, "--target", server.target)
     # Pages of 2 tasks: the owner's tasks are spread over four pages.
     code, out, _ = await run_cli(
@@ -262,7 +255,7 @@ async def test_leases_list_owner_filters_across_pages(server, stub, namespace):
 
 async def test_leases_list_limit_stops_after_n_tasks(server, stub, namespace):
     for task_id in ("a", "b", "c", "d"):
-        await _claim(stub, namespace, task_id)
+        await claim_held(stub, namespace, task_id)
     code, out, _ = await run_cli(
         "leases", "list", "-n", namespace, "--target", server.target, "--limit", "3", "--json"
     )
@@ -301,7 +294,7 @@ async def test_leases_list_into_a_closed_pipe_exits_141_without_a_traceback(
 
     The command ends as a tool killed by SIGPIPE would (128 + 13), with nothing on stderr.
     """
-    await _claim(stub, namespace, "t")
+    await claim_held(stub, namespace, "t")
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before anything is written
     env = {
@@ -330,7 +323,7 @@ async def test_leases_list_into_a_closed_pipe_exits_141_without_a_traceback(
 
 
 async def test_leases_list_target_comes_from_the_environment(server, stub, namespace):
-    await _claim(stub, namespace, "t")
+    await claim_held(stub, namespace, "t")
     code, out, _ = await run_cli(
         "leases", "list", "-n", namespace, "--json", env={"LEASEKEEPER_TARGET": server.target}
     )
@@ -339,7 +332,7 @@ async def test_leases_list_target_comes_from_the_environment(server, stub, names
 
 
 async def test_effects_list_shows_what_was_reserved_by_which_fence(server, stub, namespace):
-    await _claim(stub, namespace, "t")
+    await claim_held(stub, namespace, "t")
     for key in ("email", "draft"):
         await stub.BeginEffect(
             pb.BeginEffectRequest(

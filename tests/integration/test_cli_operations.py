@@ -23,20 +23,12 @@ import pytest
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper_server import tokens
 from tests.conftest import running_server
-from tests.helpers import dur
+from tests.helpers import claim_held
 from tests.integration.contract_helpers import limits_loaded
 from tests.integration.test_cli import assert_aligned, run_cli, store_held, table_rows
 from tests.integration.test_tls import Authority
 
 LINE_TIMEOUT_S = 15.0
-
-
-async def _claim(stub, namespace: str, task_id: str, owner: str = "w", ttl: float = 30) -> int:
-    reply = await stub.Claim(
-        pb.ClaimRequest(namespace=namespace, task_id=task_id, owner_id=owner, ttl=dur(ttl))
-    )
-    assert reply.acquired
-    return reply.lease.fence
 
 
 # --- revoke ----------------------------------------------------------------------------------
@@ -45,7 +37,7 @@ async def _claim(stub, namespace: str, task_id: str, owner: str = "w", ttl: floa
 async def test_revoke_held_lease_prints_revoked_and_its_fence_stops_validating(
     server, stub, namespace
 ):
-    fence = await _claim(stub, namespace, "t")
+    fence = await claim_held(stub, namespace, "t")
     code, out, err = await run_cli(
         "revoke", "t", "-n", namespace, "--reason", "stuck worker", "--target", server.target
     )
@@ -62,7 +54,7 @@ async def test_revoke_held_lease_prints_revoked_and_its_fence_stops_validating(
 
 
 async def test_revoke_json_prints_the_outcome_and_the_lease(server, stub, namespace):
-    await _claim(stub, namespace, "t")
+    await claim_held(stub, namespace, "t")
     where = ("-n", namespace, "--target", server.target, "--json")
     code, out, _ = await run_cli("revoke", "t", "--reason", "drain", *where)
     assert code == 0
@@ -77,7 +69,7 @@ async def test_revoke_json_prints_the_outcome_and_the_lease(server, stub, namesp
 
 
 async def test_revoke_other_fence_leaves_the_current_lease_alone(server, stub, namespace):
-    await _claim(stub, namespace, "t")
+    await claim_held(stub, namespace, "t")
     code, out, _ = await run_cli(
         "revoke", "t", "-n", namespace, "--reason", "x", "--fence", "2", "--target", server.target
     )
@@ -150,7 +142,7 @@ async def _finish(proc: asyncio.subprocess.Process) -> tuple[int, str, str]:
 async def test_watch_task_prints_snapshot_then_each_event_and_stops_after_count(
     server, stub, namespace
 ):
-    await _claim(stub, namespace, "t", owner="a")
+    await claim_held(stub, namespace, "t", owner="a")
     async with _watching("t", "-n", namespace, "--target", server.target, "--count", "3") as proc:
         # The SNAPSHOT comes after the server subscribed: later changes cannot be missed.
         snapshot = (await _line(proc)).split()
@@ -159,7 +151,7 @@ async def test_watch_task_prints_snapshot_then_each_event_and_stops_after_count(
         await stub.Release(
             pb.ReleaseRequest(namespace=namespace, task_id="t", owner_id="a", fence=1)
         )
-        await _claim(stub, namespace, "t", owner="b")
+        await claim_held(stub, namespace, "t", owner="b")
         code, out, err = await _finish(proc)
     assert (code, err) == (0, "")
     assert [line.split()[1:] for line in out.splitlines()] == [
@@ -175,7 +167,7 @@ async def test_watch_namespace_json_count_2_sees_a_claim_and_its_release(server,
         # has printed two events (bounded); each pair is CLAIMED then RELEASED.
         assert proc.stdout is not None
         for i in range(50):
-            fence = await _claim(stub, namespace, f"t{i}")
+            fence = await claim_held(stub, namespace, f"t{i}")
             await stub.Release(
                 pb.ReleaseRequest(namespace=namespace, task_id=f"t{i}", owner_id="w", fence=fence)
             )
@@ -196,7 +188,7 @@ async def test_watch_namespace_json_count_2_sees_a_claim_and_its_release(server,
 
 
 async def test_watch_shows_a_revoke_with_its_reason(server, stub, namespace):
-    await _claim(stub, namespace, "t")
+    await claim_held(stub, namespace, "t")
     where = ("-n", namespace, "--target", server.target)
     async with _watching("t", *where, "--count", "2", "--json") as proc:
         assert json.loads(await _line(proc))["type"] == "SNAPSHOT"
@@ -219,7 +211,7 @@ async def test_watch_line_shows_a_stored_bidi_owner_escaped(server, db, namespac
 
 
 async def test_watch_ctrl_c_ends_cleanly_exit_0(server, stub, namespace):
-    await _claim(stub, namespace, "t")
+    await claim_held(stub, namespace, "t")
     async with _watching("t", "-n", namespace, "--target", server.target) as proc:
         assert "SNAPSHOT" in await _line(proc)
         proc.send_signal(signal.SIGINT)
@@ -228,7 +220,7 @@ async def test_watch_ctrl_c_ends_cleanly_exit_0(server, stub, namespace):
 
 
 async def test_watch_timeout_ends_the_watch_exit_0(server, stub, namespace):
-    await _claim(stub, namespace, "t")
+    await claim_held(stub, namespace, "t")
     where = ("-n", namespace, "--target", server.target)
     async with _watching("t", *where, "--timeout", "0.5") as proc:
         code, out, err = await _finish(proc)
@@ -541,14 +533,14 @@ async def test_limits_clear_without_a_limit_is_a_usage_error(database_url, names
 
 
 async def test_limits_set_is_applied_by_a_running_server(database_url, server, stub, namespace):
-    await _claim(stub, namespace, "first")
+    await claim_held(stub, namespace, "first")
     code, _, _ = await run_cli(
         "limits", "set", namespace, "--max-leases", "1", env=_db_env(database_url)
     )
     assert code == 0
     await limits_loaded(server, namespace)  # reloaded on the database's notification
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await _claim(stub, namespace, "more")
+        await claim_held(stub, namespace, "more")
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 

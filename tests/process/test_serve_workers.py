@@ -101,13 +101,6 @@ async def acquired_claims(metrics_port: int, namespace: str) -> float | None:
     return 0.0
 
 
-async def poll_until(predicate, what: str, logs) -> None:
-    try:
-        await poll(predicate, what, STEP_TIMEOUT_S, POLL_S)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{logs()}") from None
-
-
 class Connections:
     """Clients on connections of their own, and the worker each one landed on."""
 
@@ -286,7 +279,7 @@ async def test_two_workers_share_one_port_and_database_restart_and_drain(
                 and await acquired_claims(metrics_port, namespace) is not None
             )
 
-        await poll_until(restarted, "worker 0 not restarted", server.logs)
+        await poll(restarted, "worker 0 not restarted", STEP_TIMEOUT_S, POLL_S, details=server.logs)
         assert f"worker 0 (pid {killed}) was killed by SIGKILL" in server.logs()
         assert worker_pids(supervisor)[1] == pids[1]
         await conns.client_on(0)  # new connections reach the new worker 0 too

@@ -27,6 +27,7 @@ from leasekeeper import (
 from leasekeeper import lease as lease_module
 from leasekeeper.errors import NotAcquired
 from leasekeeper.v1 import lease_service_pb2 as pb
+from tests.helpers import poll
 
 TTL_S = 0.3
 
@@ -215,12 +216,6 @@ def client(server) -> LeaseClient:
     return LeaseClient(namespace="ns", owner_id="worker-1", channel=FakeChannel(server))
 
 
-async def poll(predicate, timeout_s: float = 3.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():  # noqa: ASYNC110 - polling a fake's state is the point
-            await asyncio.sleep(0.01)
-
-
 async def test_claim_uses_injected_clock_for_send_time(server):
     ticks = iter([41.0, 42.0])
     client = LeaseClient(
@@ -270,7 +265,10 @@ async def test_hold_renews_and_releases_on_exit(server, client):
             ("leasekeeper-task-id", "t1"),
             ("leasekeeper-fence", "1"),
         )
-        await poll(lambda: server.streams and len(server.streams[0].requests) >= 3)
+        await poll(
+            lambda: server.streams and len(server.streams[0].requests) >= 3,
+            "server.streams and len(server.streams[0].requests) >= 3",
+        )
         assert not lease.lost
         lease.check()
         assert 0.0 < lease.remaining_s() <= TTL_S
@@ -286,7 +284,7 @@ async def test_hold_pushed_abort_cancels_body_and_raises_reason(server, client):
     reached_end = False
     with pytest.raises(LeaseLost) as caught:
         async with client.hold("t1", ttl=TTL_S):
-            await poll(lambda: server.streams)
+            await poll(lambda: server.streams, "server.streams")
             server.abort_streams("LEASE_REVOKED")
             await asyncio.sleep(10)
             reached_end = True
@@ -312,14 +310,19 @@ async def test_hold_black_holed_stream_loses_lease_at_trust_deadline(server, cli
     assert caught.value.reason == "LEASE_EXPIRED"
     # trust deadline = ttl - margin (0.03 s) after the claim was sent
     assert TTL_S - 0.03 - 0.01 <= elapsed < TTL_S + 0.5
-    await poll(lambda: server.releases)  # expired may still be released: in the background
+    await poll(
+        lambda: server.releases, "server.releases"
+    )  # expired may still be released: in the background
     assert [r.fence for r in server.releases] == [1]
 
 
 async def test_hold_unavailable_stream_reopens_with_same_fence(server, client):
     server.stream_script.extend([rpc_error(grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN"), None])
     async with client.hold("t1", ttl=TTL_S) as lease:
-        await poll(lambda: len(server.streams) >= 2 and len(server.streams[1].requests) >= 3)
+        await poll(
+            lambda: len(server.streams) >= 2 and len(server.streams[1].requests) >= 3,
+            "len(server.streams) >= 2 and len(server.streams[1].requests) >= 3",
+        )
         assert not lease.lost
     assert [call.requests[0].fence for call in server.streams] == [1, 1]
     assert all(call.requests[0].task_id == "t1" for call in server.streams)
@@ -329,18 +332,23 @@ async def test_hold_unavailable_stream_reopens_with_same_fence(server, client):
 async def test_hold_unavailable_stream_sets_renewal_error_until_next_renewal(server, client):
     server.granted_ttl_s = 1.0  # beats every 0.33 s, trust deadline 0.9 s after a renewal
     async with client.hold("t1", ttl=1.0) as lease:
-        await poll(lambda: server.streams and server.streams[0].requests)
+        await poll(
+            lambda: server.streams and server.streams[0].requests,
+            "server.streams and server.streams[0].requests",
+        )
         assert lease.renewal_error is None
         server.silent = True  # the reopened stream is not answered at first
         server.streams[0].end(rpc_error(grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE"))
-        await poll(lambda: lease.renewal_error is not None)
+        await poll(lambda: lease.renewal_error is not None, "lease.renewal_error is not None")
         error = lease.renewal_error
         assert isinstance(error, LeaseUnavailable) and error.reason == "DATABASE_UNAVAILABLE"
         assert not lease.lost
-        await poll(lambda: len(server.streams) >= 2)  # resumed, not yet answered
+        await poll(
+            lambda: len(server.streams) >= 2, "len(server.streams) >= 2"
+        )  # resumed, not yet answered
         assert lease.renewal_error is error
         server.silent = False
-        await poll(lambda: lease.renewal_error is None)
+        await poll(lambda: lease.renewal_error is None, "lease.renewal_error is None")
         assert not lease.lost
     assert {call.requests[0].fence for call in server.streams} == {1}
     assert len(server.claims) == 1
@@ -363,7 +371,10 @@ async def test_hold_body_exception_propagates_and_lease_is_released(server, clie
 
 async def test_hold_release_on_exit_false_keeps_lease(server, client):
     async with client.hold("t1", ttl=TTL_S, release_on_exit=False):
-        await poll(lambda: server.streams and server.streams[0].requests)
+        await poll(
+            lambda: server.streams and server.streams[0].requests,
+            "server.streams and server.streams[0].requests",
+        )
     assert server.releases == []
     assert server.streams[0].half_closed
 
@@ -436,7 +447,7 @@ async def test_hold_complete_completes_once_and_skips_release_on_exit(server, cl
 async def test_hold_complete_after_loss_raises_without_calling(server, client):
     with pytest.raises(LeaseLost):
         async with client.hold("t1", ttl=TTL_S) as lease:
-            await poll(lambda: server.streams)
+            await poll(lambda: server.streams, "server.streams")
             server.abort_streams("LEASE_SUPERSEDED")
             try:
                 await asyncio.sleep(10)
@@ -450,7 +461,7 @@ async def test_hold_complete_after_loss_raises_without_calling(server, client):
 async def test_hold_body_swallowing_cancellation_still_raises_lease_lost(server, client):
     with pytest.raises(LeaseLost):
         async with client.hold("t1", ttl=TTL_S):
-            await poll(lambda: server.streams)
+            await poll(lambda: server.streams, "server.streams")
             server.abort_streams("LEASE_SUPERSEDED")
             try:
                 await asyncio.sleep(10)
@@ -521,7 +532,9 @@ async def test_hold_loss_on_hung_network_raises_before_the_release_gives_up(
         async with client.hold("t1", ttl=TTL_S):
             await asyncio.sleep(10)
     assert loop.time() - started < TTL_S + 0.5  # not behind the release
-    await poll(lambda: not client._background)  # the release gave up by its own timeout
+    await poll(
+        lambda: not client._background, "not client._background"
+    )  # the release gave up by its own timeout
     assert server.timeouts["Release"] == [0.2]
     records = [r for r in caplog.records if r.name == "leasekeeper.lease"]
     assert [(r.levelname, r.exc_info) for r in records] == [("INFO", None)]  # one quiet line

@@ -19,9 +19,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from leasekeeper_server.auth import auth_enabled
 from leasekeeper_server.health import LIVENESS
-from leasekeeper_server.servicer import SERVICE_NAME
+from leasekeeper_server.security.mode import auth_enabled
+from leasekeeper_server.service import SERVICE_NAME
 from leasekeeper_server.settings import Settings
 from leasekeeper_server.tokens import parse_token_file
 

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import grpc
 
-from .settings import Settings
+from ..settings import Settings
 
-log = logging.getLogger(__name__)
+# Named as before the move to security/: log filters and JSON logs' ``logger`` match it.
+log = logging.getLogger("leasekeeper_server.tls")
 
 Stamp = tuple[tuple[int, int, int] | None, ...]
 
