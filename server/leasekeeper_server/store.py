@@ -424,7 +424,7 @@ class Store:
                 if isinstance(exc, _NOT_A_REFUSAL):
                     raise
                 raise StatementsRefused(
-                    f"database refuses the service's statements: {exc}"
+                    f"database refuses the service's statements: {type(exc).__name__}: {exc}"
                 ) from exc
 
     async def page_token_key(self) -> bytes:
