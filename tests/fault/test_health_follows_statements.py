@@ -75,6 +75,19 @@ async def wait_health(stub: health_pb2_grpc.HealthStub, wanted: int) -> None:
     await poll(both, f"health {name}", HEALTH_WITHIN_S, 0.05)
 
 
+async def serving_with_a_lease(
+    channel: grpc.aio.Channel, namespace: str
+) -> tuple[rpc.LeaseServiceStub, health_pb2_grpc.HealthStub, pb.GetLeaseRequest]:
+    """Claims task "t" and checks health is SERVING; returns the stubs and a read of that lease."""
+    stub = rpc.LeaseServiceStub(channel)
+    health_stub = health_pb2_grpc.HealthStub(channel)
+    await stub.Claim(
+        pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="o", ttl=dur(30)), timeout=5
+    )
+    assert await health(health_stub, "") == SERVING
+    return stub, health_stub, pb.GetLeaseRequest(namespace=namespace, task_id="t")
+
+
 @contextlib.asynccontextmanager
 async def calling(call: Callable[[], Awaitable[Any]]) -> AsyncIterator[list[grpc.StatusCode]]:
     """Keeps making ``call`` one after another; yields the status code of each failed one."""
@@ -186,13 +199,7 @@ async def test_health_not_serving_while_only_writes_are_refused_even_with_reads_
         running_server(replaced(database_url, role=role), **QUICK_OUTAGE_SETTINGS) as server,
         grpc.aio.insecure_channel(server.target) as channel,
     ):
-        stub = rpc.LeaseServiceStub(channel)
-        health_stub = health_pb2_grpc.HealthStub(channel)
-        await stub.Claim(
-            pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="o", ttl=dur(30)), timeout=5
-        )
-        inspect = pb.GetLeaseRequest(namespace=namespace, task_id="t")
-        assert await health(health_stub, "") == SERVING
+        stub, health_stub, inspect = await serving_with_a_lease(channel, namespace)
 
         await db.execute(f'REVOKE INSERT, UPDATE, DELETE ON leasekeeper_tasks FROM "{role}"')
         with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -253,13 +260,7 @@ async def test_health_serving_while_calls_succeed_and_the_ping_waits_on_a_lock(
         running_server(database_url, **QUICK_OUTAGE_SETTINGS) as server,
         grpc.aio.insecure_channel(server.target) as channel,
     ):
-        stub = rpc.LeaseServiceStub(channel)
-        health_stub = health_pb2_grpc.HealthStub(channel)
-        await stub.Claim(
-            pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="o", ttl=dur(30)), timeout=5
-        )
-        inspect = pb.GetLeaseRequest(namespace=namespace, task_id="t")
-        assert await health(health_stub, "") == SERVING
+        stub, health_stub, inspect = await serving_with_a_lease(channel, namespace)
 
         async with calling(lambda: stub.GetLease(inspect, timeout=5)) as read_failures:
             async with db.transaction():
