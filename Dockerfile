@@ -34,7 +34,7 @@ EXPOSE 9457
 # Healthy only while the gRPC health service says SERVING (it follows the
 # database); asked on the plaintext health-only port, so TLS on 9457 changes nothing.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-  CMD ["python", "-m", "leasekeeper_server.healthcheck", "127.0.0.1:9459"]
+  CMD ["python", "-m", "leasekeeper_server.cli.healthcheck", "127.0.0.1:9459"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["leasekeeper"]
 CMD ["serve"]

@@ -21,7 +21,7 @@ from google.protobuf import duration_pb2
 
 from leasekeeper import LeaseClient
 from leasekeeper.v1 import lease_service_pb2 as pb
-from leasekeeper_server.startup import tune_gc
+from leasekeeper_server.cli.startup import tune_gc
 
 from .procstat import cpu_seconds, rss_bytes
 

@@ -33,7 +33,7 @@ import asyncpg
 from bench.etcd import etcd_claim, etcd_server
 from bench.loadgen import Op
 from bench.reference_process import REPO_ROOT, Target, log_tail, stop
-from leasekeeper_server import queries
+from leasekeeper_server.storage import queries
 
 __all__ = [
     "POOL_SIZE",
@@ -117,7 +117,7 @@ async def raw_claim(dsn: str, namespace: str) -> AsyncIterator[Op]:
     The statement and arguments of ``Store.claim`` (ttl 30 s, runtime budget
     1 h, a request id, no lock delay), task ids ``raw-{tag}-{worker}-{call}``,
     through a pool of 20 connections (the server's default). The database must
-    be migrated (``leasekeeper_server.migrate.migrate``).
+    be migrated (``leasekeeper_server.storage.migrate.migrate``).
 
     Yields:
         ``op(worker, call)``; it raises ``RuntimeError`` when no lease was

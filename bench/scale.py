@@ -46,9 +46,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from leasekeeper_server import queries  # noqa: E402
-from leasekeeper_server.migrate import migrate  # noqa: E402
-from leasekeeper_server.store import LIST_SCAN_BUDGET  # noqa: E402
+from leasekeeper_server.storage import queries  # noqa: E402
+from leasekeeper_server.storage.migrate import migrate  # noqa: E402
+from leasekeeper_server.storage.store import LIST_SCAN_BUDGET  # noqa: E402
 
 LOCAL_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # Rows per INSERT (one transaction each): keeps memory and WAL per commit bounded.
@@ -298,7 +298,7 @@ class Probe:
     """One statement of ``queries.sql`` with realistic parameters.
 
     Attributes:
-        label: what is measured, e.g. ``list_tasks state=HELD``.
+        label: what is measured, e.g. ``list_leases state=HELD``.
         statement: the statement's name in ``queries.sql``.
         args: its parameters, $1 first.
         indexes: the indexes its plan must read (for ``leasekeeper_tasks``
@@ -391,8 +391,8 @@ async def probes(conn: asyncpg.Connection, namespace: str = "bench-scale") -> li
         Probe("renew_many (1)", "renew_many", _columns([(*lease, TTL)]), one),
         Probe(f"renew_many ({BATCH})", "renew_many", renewals, one, batched),
         Probe("release", "release", (*lease, False), one),
-        Probe("get_tasks (1)", "get_tasks", ([ns], [task]), one),
-        Probe(f"get_tasks ({BATCH})", "get_tasks", reads, one, batched),
+        Probe("get_leases (1)", "get_leases", ([ns], [task]), one),
+        Probe(f"get_leases ({BATCH})", "get_leases", reads, one, batched),
         Probe("lock_lease", "lock_lease", (ns, task), one),
         Probe("revoke", "revoke", (ns, task, "probe", 0), one),
         Probe("insert_effect", "insert_effect", (ns, task, "probe", "once", digest, fence), ledger),
@@ -403,16 +403,16 @@ async def probes(conn: asyncpg.Connection, namespace: str = "bench-scale") -> li
         ),
         Probe("list_effects", "list_effects", (ns, task, "", PAGE, None), (EFFECTS_PKEY,), listed),
         Probe(
-            "list_tasks", "list_tasks", (ns, "", PAGE, None, None, LIST_SCAN_BUDGET), one, listed
+            "list_leases", "list_leases", (ns, "", PAGE, None, None, LIST_SCAN_BUDGET), one, listed
         ),
     ]
     for state in ("HELD", "EXPIRED", "FREE", "COMPLETED"):
         args = (ns, "", PAGE, state, None, LIST_SCAN_BUDGET)
-        found.append(Probe(f"list_tasks state={state}", "list_tasks", args, one, listed))
+        found.append(Probe(f"list_leases state={state}", "list_leases", args, one, listed))
     found += [
         Probe(
-            "list_tasks owner=",
-            "list_tasks",
+            "list_leases owner=",
+            "list_leases",
             (ns, "", PAGE, None, owner, LIST_SCAN_BUDGET),
             one,
             listed,

@@ -56,7 +56,9 @@ class ServerTarget:
 
 def _command() -> list[str]:
     script = Path(sys.executable).with_name("leasekeeper")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "leasekeeper_server.cli"]
+    return (
+        [str(script)] if script.exists() else [sys.executable, "-m", "leasekeeper_server.cli.main"]
+    )
 
 
 def _new_log(log_dir: Path) -> Path:
@@ -143,7 +145,7 @@ async def bench_database(url: str | None) -> AsyncIterator[str]:
             finally:
                 await admin.close()
         return
-    from leasekeeper_server.embedded import EmbeddedPostgres
+    from leasekeeper_server.storage.embedded import EmbeddedPostgres
 
     with tempfile.TemporaryDirectory(prefix="leasekeeper-bench-") as folder:
         embedded = EmbeddedPostgres(Path(folder))

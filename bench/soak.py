@@ -26,7 +26,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from leasekeeper_server.migrate import migrate  # noqa: E402
+from leasekeeper_server.storage.migrate import migrate  # noqa: E402
 from tests.conftest import _embedded_database, _local_database, _local_postgres_answers  # noqa: E402
 from tests.fault.cluster import PgCluster  # noqa: E402
 from tests.fault.history.workload import Workload, WorkloadConfig  # noqa: E402

@@ -257,7 +257,12 @@ class Demo:
         else:
             env["LEASEKEEPER_DATA_DIR"] = str(self.workdir / "pgdata")
             narrate("Starting leasekeeper (on its embedded PostgreSQL, in a temporary folder)")
-        argv = [sys.executable, "-m", "leasekeeper_server.cli", "serve"]  # = `leasekeeper serve`
+        argv = [
+            sys.executable,
+            "-m",
+            "leasekeeper_server.cli.main",
+            "serve",
+        ]  # = `leasekeeper serve`
         await self.spawn("server", argv, env, echo=False)
         port = await wait_for_log(
             self.workdir / "server.stderr", r"serving on \S+ \(port (\d+)\)", START_TIMEOUT_S

@@ -28,8 +28,8 @@ import pytest
 
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from leasekeeper_server.app import LeaseServer
-from leasekeeper_server.migrate import migrate
 from leasekeeper_server.settings import Settings
+from leasekeeper_server.storage.migrate import migrate
 
 LOCAL_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 

@@ -1,6 +1,6 @@
 """Characters an id may not hold because of how it reads, shared by the server and the CLI.
 
-The server refuses ids holding them (``leasekeeper_server.validate``); the
+The server refuses ids holding them (``leasekeeper_server.rpc.validate``); the
 ``leasekeeper`` command's tables escape them in ids stored before that rule.
 """
 

@@ -18,31 +18,31 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from . import tracing
-from .audit import Audit
-from .embedded import EmbeddedPostgres
-from .errors import DatabaseUnavailable
-from .events import LeaseEvents
-from .health import HealthMonitor
-from .heartbeat import HeartbeatService
-from .ledger import EffectLedger
-from .limits import LimitsCache
-from .metrics import Metrics
-from .migrate import migrate
-from .observe import ObserveInterceptor
-from .paging import PageTokens
-from .pooling import check_session_pooling
-from .security.authenticator import Authenticator
-from .security.interceptor import AuthInterceptor
-from .security.mode import auth_enabled, log_startup
-from .security.tls import CertificateFiles, TlsFiles
-from .security.token_file import TokenFile
-from .service import SERVICE_NAME
-from .servicer import LeaseServicer, method_handlers
-from .settings import Settings
-from .store import Store
-from .sweeper import ExpirySweeper
-from .watch import WatchService
+from leasekeeper_server.core.errors import DatabaseUnavailable
+from leasekeeper_server.core.limits import LimitsCache
+from leasekeeper_server.observability import tracing
+from leasekeeper_server.observability.audit import Audit
+from leasekeeper_server.observability.health import HealthMonitor
+from leasekeeper_server.observability.metrics import Metrics
+from leasekeeper_server.observability.observe import ObserveInterceptor
+from leasekeeper_server.rpc.heartbeat import HeartbeatService
+from leasekeeper_server.rpc.paging import PageTokens
+from leasekeeper_server.rpc.service import SERVICE_NAME
+from leasekeeper_server.rpc.servicer import LeaseServicer, method_handlers
+from leasekeeper_server.rpc.watch import WatchService
+from leasekeeper_server.security.authenticator import Authenticator
+from leasekeeper_server.security.interceptor import AuthInterceptor
+from leasekeeper_server.security.mode import auth_enabled, log_startup
+from leasekeeper_server.security.tls import CertificateFiles, TlsFiles
+from leasekeeper_server.security.token_file import TokenFile
+from leasekeeper_server.settings import Settings
+from leasekeeper_server.storage.embedded import EmbeddedPostgres
+from leasekeeper_server.storage.events import LeaseEvents
+from leasekeeper_server.storage.ledger import EffectLedger
+from leasekeeper_server.storage.migrate import migrate
+from leasekeeper_server.storage.pooling import check_session_pooling
+from leasekeeper_server.storage.store import Store
+from leasekeeper_server.storage.sweeper import ExpirySweeper
 
 log = logging.getLogger(__name__)
 

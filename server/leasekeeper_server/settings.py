@@ -213,7 +213,7 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         default="text",
         description="Log lines as text, or JSON objects (time, level, logger, message and the "
-        "task's fields); see leasekeeper_server.logs.",
+        "task's fields); see leasekeeper_server.observability.logs.",
     )
     audit_log: Path | None = Field(
         default=None,
@@ -232,7 +232,7 @@ class Settings(BaseSettings):
     )
     tokens_file: Path | None = Field(
         default=None,
-        description="TOML file of hashed tokens (see leasekeeper_server.tokens), reloaded "
+        description="TOML file of hashed tokens (see leasekeeper_server.security.tokens), reloaded "
         "when it changes; database tokens are accepted too.",
     )
     tls_cert_file: Path | None = Field(

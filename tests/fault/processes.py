@@ -33,7 +33,7 @@ def leasekeeper_command() -> list[str]:
     script = Path(sys.executable).with_name("leasekeeper")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-m", "leasekeeper_server.cli"]
+    return [sys.executable, "-m", "leasekeeper_server.cli.main"]
 
 
 # Settings for servers under database faults: small timeouts, so an outage is

@@ -33,7 +33,7 @@ from leasekeeper import FenceRef
 from leasekeeper.fence_table import FenceRefused, accept_fence_asyncpg, ensure_schema_asyncpg
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-from leasekeeper_server.migrate import migrate
+from leasekeeper_server.storage.migrate import migrate
 from tests.fault.cluster import PgCluster
 from tests.fault.processes import server_env, server_process
 from tests.fault.proxy import TcpProxy, tcp_proxy

@@ -172,7 +172,9 @@ async def test_health_not_serving_while_statements_fail_then_serving_again(
 
     # One line when health turned, one when it came back: not one per failed statement.
     lines = [
-        r.getMessage() for r in caplog.records if r.name.startswith("leasekeeper_server.health")
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("leasekeeper_server.observability.health")
     ]
     assert len(lines) == 2, lines
     assert "NOT_SERVING" in lines[0] and "permission denied" in lines[0], lines
@@ -223,7 +225,9 @@ async def test_health_not_serving_while_only_writes_are_refused_even_with_reads_
             pb.ClaimRequest(namespace=namespace, task_id="u", owner_id="o", ttl=dur(30)), timeout=5
         )
     lines = [
-        r.getMessage() for r in caplog.records if r.name.startswith("leasekeeper_server.health")
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("leasekeeper_server.observability.health")
     ]
     assert len(lines) == 2, lines
     assert "NOT_SERVING" in lines[0] and "permission denied" in lines[0], lines

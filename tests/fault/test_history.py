@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from leasekeeper_server.migrate import migrate
+from leasekeeper_server.storage.migrate import migrate
 from tests.fault.cluster import PgCluster
 from tests.fault.history.workload import WorkloadConfig, run_workload
 

@@ -44,8 +44,8 @@ import pytest
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-from leasekeeper_server.health import LIVENESS
-from leasekeeper_server.migrate import migrate
+from leasekeeper_server.observability.health import LIVENESS
+from leasekeeper_server.storage.migrate import migrate
 from tests.fault.cluster import PgCluster
 from tests.fault.processes import (
     NOT_SERVING,

@@ -1,6 +1,6 @@
 """Bearer tokens, roles and namespaces, on a real server with real tokens.
 
-Tokens come from the database (``leasekeeper_server.tokens.create_token``) and
+Tokens come from the database (``leasekeeper_server.security.tokens.create_token``) and
 from a token file; every call goes over a real gRPC channel.
 """
 
@@ -24,10 +24,10 @@ from leasekeeper import LeaseClient, LeaseError
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from leasekeeper_server import security as auth
-from leasekeeper_server import tokens
 from leasekeeper_server.app import LeaseServer
-from leasekeeper_server.errors import PermissionDenied
-from leasekeeper_server.rpc import abort_with
+from leasekeeper_server.core.errors import PermissionDenied
+from leasekeeper_server.rpc.handling import abort_with
+from leasekeeper_server.security import tokens
 from tests.conftest import RunningServer, make_settings, running_server
 from tests.helpers import dur, error_info, poll
 from tests.integration.contract_helpers import failure, heartbeat_on, snapshot
@@ -441,7 +441,7 @@ async def test_malformed_token_file_at_start_fails_the_start(
 async def test_token_file_entry_from_the_module_command_is_accepted(
     database_url: str, tmp_path: Path, namespace: str
 ) -> None:
-    command = [sys.executable, "-m", "leasekeeper_server.tokens"]
+    command = [sys.executable, "-m", "leasekeeper_server.security.tokens"]
     options = ["--name", "cli", "--role", "admin", "--namespace", namespace]
     made = await asyncio.to_thread(
         subprocess.run,

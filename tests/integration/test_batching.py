@@ -165,7 +165,7 @@ async def test_a_stalled_batch_gives_up_soon_and_the_next_renewal_goes_through(
     import signal
     import time
 
-    from leasekeeper_server.store import BATCH_TIMEOUT_S
+    from leasekeeper_server.storage.store import BATCH_TIMEOUT_S
 
     lease = await grant(stub, namespace, "t", "a", ttl_s=30)
     await renew(stub, namespace, "t", "a", lease.fence, 30)  # the renewals' connection now exists

@@ -3,7 +3,7 @@
 The operator commands `leases list|get` and `effects list`; how the commands
 that open the database (`migrate`, `tokens`, `limits`) report a database they
 cannot use; `--version`; and the container probe
-`python -m leasekeeper_server.healthcheck`.
+`python -m leasekeeper_server.cli.healthcheck`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from leasekeeper.ids import BIDI_CONTROLS
 from leasekeeper.v1 import lease_service_pb2 as pb
-from leasekeeper_server.service import SERVICE_NAME
+from leasekeeper_server.rpc.service import SERVICE_NAME
 from tests.conftest import running_server
 from tests.fault.dburl import database_address, proxied, replaced
 from tests.fault.processes import NOT_SERVING, QUICK_OUTAGE_SETTINGS, health_status
@@ -30,7 +30,7 @@ CLI_TIMEOUT_S = 30.0
 
 
 async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Runs `python -m leasekeeper_server.cli ARGS` in a process; returns (code, stdout, stderr).
+    """Runs `python -m leasekeeper_server.cli.main ARGS`; returns (code, stdout, stderr).
 
     ``env`` adds to (and overrides) this process's environment; the target
     and token variables of the caller's shell are not inherited.
@@ -42,7 +42,7 @@ async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, s
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "leasekeeper_server.cli",
+        "leasekeeper_server.cli.main",
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -304,7 +304,7 @@ async def test_leases_list_into_a_closed_pipe_exits_141_without_a_traceback(
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "leasekeeper_server.cli",
+            "leasekeeper_server.cli.main",
             "leases",
             "list",
             "-n",
@@ -450,11 +450,11 @@ async def test_version_prints_the_installed_package_version():
 
 
 async def run_healthcheck(target: str) -> tuple[int, str, str]:
-    """Runs `python -m leasekeeper_server.healthcheck TARGET`; returns (code, stdout, stderr)."""
+    """Runs the healthcheck module on TARGET; returns (code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "leasekeeper_server.healthcheck",
+        "leasekeeper_server.cli.healthcheck",
         target,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

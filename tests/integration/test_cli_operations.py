@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from leasekeeper.v1 import lease_service_pb2 as pb
-from leasekeeper_server import tokens
+from leasekeeper_server.security import tokens
 from tests.conftest import running_server
 from tests.helpers import claim_held
 from tests.integration.contract_helpers import limits_loaded
@@ -111,7 +111,7 @@ async def _watching(*args: str) -> AsyncIterator[asyncio.subprocess.Process]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "leasekeeper_server.cli",
+        "leasekeeper_server.cli.main",
         "watch",
         *args,
         stdout=asyncio.subprocess.PIPE,

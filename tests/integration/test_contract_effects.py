@@ -1,6 +1,6 @@
 """The effect ledger at the wire: BeginEffect, CompleteEffect, ListEffects.
 
-Rules under test: ``leasekeeper_server/effects.py`` (the decision table) and
+Rules under test: ``leasekeeper_server/core/effect_rules.py`` (the decision table) and
 the RPC comments in the proto. Every call is made on a real server on a real
 PostgreSQL; lease loss is produced with real claims, releases and a backdated
 expire_time (the database clock decides).

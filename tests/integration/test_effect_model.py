@@ -5,7 +5,7 @@ example: claims by fresh owners, expiry (a backdated expire_time), releases
 (some completing the task), operator revocations, and BeginEffect /
 CompleteEffect calls with the current, an older or a never-issued fence on two
 effect keys. A small model, written here from the documented rules (the
-decision table in ``leasekeeper_server/effects.py``'s docstring and the RPC
+decision table in ``leasekeeper_server/core/effect_rules.py``'s docstring and the RPC
 comments in the proto) and deliberately not importing the server's own rules,
 predicts every answer exactly: the decision or the error (code, ErrorInfo
 reason and metadata), and the record the ledger holds afterwards. After each

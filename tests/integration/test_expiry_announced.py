@@ -19,7 +19,7 @@ import pytest
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-from leasekeeper_server.sweeper import SWEEPER_LOCK_ID
+from leasekeeper_server.storage.sweeper import SWEEPER_LOCK_ID
 from tests.conftest import RunningServer, running_server
 from tests.helpers import error_info, poll
 from tests.integration.contract_helpers import (

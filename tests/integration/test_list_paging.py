@@ -5,7 +5,7 @@ come back short, even empty, with a next_page_token; reading on until the
 token is empty finds every match, in task_id order.
 
 A page token is signed with the database's key and bound to its listing's
-namespace and filters (server/leasekeeper_server/paging.py): a tampered or
+namespace and filters (server/leasekeeper_server/rpc/paging.py): a tampered or
 forged token, or one sent with another namespace or filters, is refused with
 INVALID_ARGUMENT naming page_token; every replica, before and after a
 restart, accepts the tokens of every other.

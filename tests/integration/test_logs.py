@@ -19,7 +19,7 @@ import pytest
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-from leasekeeper_server.logs import json_formatter
+from leasekeeper_server.observability.logs import json_formatter
 from tests.fault.processes import server_env, server_process
 from tests.helpers import poll
 from tests.integration.contract_helpers import grant, heartbeat_on

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from leasekeeper_server import migrate as migrate_module
+from leasekeeper_server.storage import migrate as migrate_module
 
 
 @pytest.fixture

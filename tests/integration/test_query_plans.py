@@ -11,7 +11,7 @@ prepared statement runs for its first five executions) and the generic plan
 ``leasekeeper_effects`` sequentially, each must read its index, and executed
 (then rolled back) each must stay within a bound of shared buffers that does
 not depend on the table's size: one task's statements a few index pages, a
-page of ``list_tasks`` about a page of rows, the sweeper's statements about
+page of ``list_leases`` about a page of rows, the sweeper's statements about
 one buffer per live lease.
 """
 
@@ -40,8 +40,8 @@ from bench.scale import (
     seed,
     unannounced_leases,
 )
-from leasekeeper_server import queries
-from leasekeeper_server.migrate import migrate
+from leasekeeper_server.storage import queries
+from leasekeeper_server.storage.migrate import migrate
 
 ROWS = 20_000
 TABLES = ("leasekeeper_tasks", "leasekeeper_effects")

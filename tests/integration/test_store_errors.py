@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from leasekeeper_server.errors import DatabaseUnavailable
-from leasekeeper_server.store import Store
-from leasekeeper_server.validate import TaskKey
+from leasekeeper_server.core.errors import DatabaseUnavailable
+from leasekeeper_server.rpc.validate import TaskKey
+from leasekeeper_server.storage.store import Store
 from tests.conftest import make_settings
 
 
@@ -24,7 +24,7 @@ async def test_internal_client_error_is_unavailable_and_connection_dropped(
     store = await Store.open(database_url, make_settings(database_url))
     try:
         broken: list[asyncpg.Connection] = []
-        # get_task reads through the batched get_tasks statement (Connection.fetch).
+        # get_lease reads through the batched get_leases statement (Connection.fetch).
         real_fetch = asyncpg.connection.Connection.fetch
 
         async def fetch_once_broken(self: asyncpg.Connection, *args: object, **kw: object):
@@ -38,9 +38,9 @@ async def test_internal_client_error_is_unavailable_and_connection_dropped(
         monkeypatch.setattr(asyncpg.connection.Connection, "fetch", fetch_once_broken)
         key = TaskKey(namespace, "t")
         with pytest.raises(DatabaseUnavailable, match="InternalClientError"):
-            await store.get_task(key)
+            await store.get_lease(key)
         assert broken[0].is_closed()  # terminated, not handed back to the pool
-        assert await store.get_task(key) is None  # the next call gets a sound connection
+        assert await store.get_lease(key) is None  # the next call gets a sound connection
     finally:
         await store.close()
 

@@ -25,8 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from leasekeeper import LeaseClient
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
-from leasekeeper_server import tokens
 from leasekeeper_server.app import LeaseServer
+from leasekeeper_server.security import tokens
 from tests.conftest import RunningServer, make_settings, running_server
 from tests.helpers import poll
 

@@ -59,7 +59,7 @@ def heartbeat_endings(caplog: pytest.LogCaptureFixture, namespace: str) -> list[
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "leasekeeper_server.heartbeat"
+        if r.name == "leasekeeper_server.rpc.heartbeat"
         and r.getMessage().startswith("heartbeat ends:")
         and repr(namespace) in r.getMessage()
     ]
@@ -73,7 +73,7 @@ def heartbeat_endings(caplog: pytest.LogCaptureFixture, namespace: str) -> list[
 async def test_paused_worker_resumed_after_replacement_sends_is_refused(
     server, namespace, tmp_path, caplog, ledger_only, refused_by
 ):
-    caplog.set_level(logging.INFO, logger="leasekeeper_server.heartbeat")
+    caplog.set_level(logging.INFO, logger="leasekeeper_server.rpc.heartbeat")
     async with (
         scene(server.target, namespace, tmp_path) as s,
         LeaseClient(server.target, namespace=namespace) as client,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from leasekeeper_server.batch import Coalescer
+from leasekeeper_server.storage.batch import Coalescer
 
 
 class Recorder:

@@ -19,11 +19,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from leasekeeper_server.health import LIVENESS
+from leasekeeper_server.observability.health import LIVENESS
+from leasekeeper_server.rpc.service import SERVICE_NAME
 from leasekeeper_server.security.mode import auth_enabled
-from leasekeeper_server.service import SERVICE_NAME
+from leasekeeper_server.security.tokens import parse_token_file
 from leasekeeper_server.settings import Settings
-from leasekeeper_server.tokens import parse_token_file
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_DIR = ROOT / "deploy" / "k8s"

@@ -1,4 +1,4 @@
-"""The effect ledger's decision table (leasekeeper_server/effects.py), rule by rule."""
+"""The effect ledger's decision table (leasekeeper_server/core/effect_rules.py), rule by rule."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from leasekeeper_server.effects import (
+from leasekeeper_server.core.effect_rules import (
     BeginDecision,
     BeginRequest,
     Effect,
@@ -18,7 +18,7 @@ from leasekeeper_server.effects import (
     check_complete,
     decide_begin,
 )
-from leasekeeper_server.errors import EffectAlreadyCompleted, EffectKeyReused, EffectNotBegun
+from leasekeeper_server.core.errors import EffectAlreadyCompleted, EffectKeyReused, EffectNotBegun
 
 ONCE, LATEST = EffectPolicy.ONCE, EffectPolicy.LATEST
 RESERVED, SUCCEEDED, FAILED = EffectState.RESERVED, EffectState.SUCCEEDED, EffectState.FAILED

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from google.protobuf import struct_pb2
 
-from leasekeeper_server.rpc import MalformedRequest, parse_or_malformed
+from leasekeeper_server.rpc.handling import MalformedRequest, parse_or_malformed
 
 parse = parse_or_malformed(struct_pb2.Struct)
 

@@ -9,18 +9,22 @@
 - ``tls``: TLS and mutual TLS, certificates reloaded from files.
 
 Token text, digests, the database store and the token file format live in
-:mod:`leasekeeper_server.tokens` (``python -m leasekeeper_server.tokens``).
+:mod:`leasekeeper_server.security.tokens` (``python -m leasekeeper_server.security.tokens``).
 
 The names below are the package's surface for tests that read it as one
 namespace; server modules import from the module that owns a name.
 """
 
-from .authenticator import Authenticator
-from .caller import authorize_namespace, current_principal, guard_credentials
-from .interceptor import AuthInterceptor
-from .mode import auth_enabled, log_startup
-from .roles import ROLE_METHODS, Principal
-from .token_file import TokenFile
+from leasekeeper_server.security.authenticator import Authenticator
+from leasekeeper_server.security.caller import (
+    authorize_namespace,
+    current_principal,
+    guard_credentials,
+)
+from leasekeeper_server.security.interceptor import AuthInterceptor
+from leasekeeper_server.security.mode import auth_enabled, log_startup
+from leasekeeper_server.security.roles import ROLE_METHODS, Principal
+from leasekeeper_server.security.token_file import TokenFile
 
 __all__ = [
     "ROLE_METHODS",

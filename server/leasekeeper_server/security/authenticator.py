@@ -19,10 +19,10 @@ from contextlib import AbstractAsyncContextManager
 import asyncpg
 import cachetools
 
-from .. import tokens
-from ..errors import Unauthenticated
-from .roles import Principal
-from .token_file import TokenFile
+from leasekeeper_server.core.errors import Unauthenticated
+from leasekeeper_server.security import tokens
+from leasekeeper_server.security.roles import Principal
+from leasekeeper_server.security.token_file import TokenFile
 
 CACHE_TTL_S = 5.0
 CACHE_MAX_ENTRIES = 10_000

@@ -16,9 +16,9 @@ import contextlib
 import contextvars
 from typing import Any
 
-from ..errors import DatabaseUnavailable, PermissionDenied
-from .authenticator import Authenticator
-from .roles import Principal
+from leasekeeper_server.core.errors import DatabaseUnavailable, PermissionDenied
+from leasekeeper_server.security.authenticator import Authenticator
+from leasekeeper_server.security.roles import Principal
 
 _PRINCIPAL: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "leasekeeper_principal", default=None

@@ -26,13 +26,13 @@ from typing import Any
 
 import grpc
 
-from ..errors import PermissionDenied
-from ..rpc import MalformedRequest, abort_with
-from ..service import SERVICE_NAME
-from .access_log import log
-from .authenticator import Authenticator
-from .caller import bind
-from .roles import Principal
+from leasekeeper_server.core.errors import PermissionDenied
+from leasekeeper_server.rpc.handling import MalformedRequest, abort_with
+from leasekeeper_server.rpc.service import SERVICE_NAME
+from leasekeeper_server.security.access_log import log
+from leasekeeper_server.security.authenticator import Authenticator
+from leasekeeper_server.security.caller import bind
+from leasekeeper_server.security.roles import Principal
 
 
 def bearer_token(metadata: Any) -> str | None:

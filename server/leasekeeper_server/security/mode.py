@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from ..settings import Settings
-from .access_log import log
+from leasekeeper_server.security.access_log import log
+from leasekeeper_server.settings import Settings
 
 
 def is_loopback(listen: str) -> bool:

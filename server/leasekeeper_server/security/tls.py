@@ -23,7 +23,7 @@ from pathlib import Path
 
 import grpc
 
-from ..settings import Settings
+from leasekeeper_server.settings import Settings
 
 # Named as before the move to security/: log filters and JSON logs' ``logger`` match it.
 log = logging.getLogger("leasekeeper_server.tls")

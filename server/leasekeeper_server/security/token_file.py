@@ -1,6 +1,6 @@
 """The token file as a token source: loaded at start, reloaded when it changes.
 
-The file (``LEASEKEEPER_TOKENS_FILE``, format in :mod:`leasekeeper_server.tokens`)
+The file (``LEASEKEEPER_TOKENS_FILE``, format in :mod:`leasekeeper_server.security.tokens`)
 is checked at most once a second (``FILE_CHECK_INTERVAL_S``) and reloaded when
 its size, mtime or inode changed. A file that is malformed at a reload keeps
 the tokens loaded before and logs an error; at start it fails the start.
@@ -12,8 +12,8 @@ import os
 import time
 from pathlib import Path
 
-from .. import tokens
-from .access_log import log
+from leasekeeper_server.security import tokens
+from leasekeeper_server.security.access_log import log
 
 FILE_CHECK_INTERVAL_S = 1.0
 
@@ -22,7 +22,7 @@ class TokenFile:
     """A token file, reloaded when its size, mtime or inode changes.
 
     Args:
-        path: The file (see :mod:`leasekeeper_server.tokens`).
+        path: The file (see :mod:`leasekeeper_server.security.tokens`).
 
     Raises:
         ValueError: the file cannot be read or is malformed (at start only;

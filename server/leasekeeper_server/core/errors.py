@@ -1,0 +1,214 @@
+"""Domain errors of the lease service.
+
+::
+
+    LeaseServiceError
+    ├── InvalidArgument       bad input; nothing changed         -> INVALID_ARGUMENT
+    ├── LeaseLost             the caller's lease is not live      -> ABORTED (reason)
+    ├── TaskCompleted         claim of a terminal task            -> FAILED_PRECONDITION
+    ├── EffectConflict        the effect ledger refuses the call  -> FAILED_PRECONDITION
+    │   ├── EffectKeyReused         same key, another policy or request digest
+    │   ├── EffectNotBegun          completion of an effect never reserved
+    │   └── EffectAlreadyCompleted  another outcome is already recorded
+    ├── TaskNotFound          inspection of an unknown task       -> NOT_FOUND
+    ├── Unauthenticated       no valid token                      -> UNAUTHENTICATED
+    ├── PermissionDenied      the token does not cover the call   -> PERMISSION_DENIED
+    ├── LimitExceeded         a namespace limit (retry later)     -> RESOURCE_EXHAUSTED
+    │   ├── LeaseLimit              the namespace's live leases are at their maximum
+    │   └── ClaimRateLimit          the namespace's claims per second are spent
+    └── ServiceUnavailable    retry the call                      -> UNAVAILABLE
+        ├── DatabaseUnavailable   the database cannot be reached
+        │   ├── DatabaseRefused       it refuses us for good: no retry helps
+        │   └── StatementsRefused     it answers but refuses our statements
+        └── ShuttingDown          the server is draining
+
+The mapping to gRPC lives in one table, in ``status.py``. These errors never
+mention asyncpg, SQLSTATEs or tables: ``store.py`` translates driver errors.
+"""
+
+from __future__ import annotations
+
+from leasekeeper_server.core.model import LossReason
+
+
+class LeaseServiceError(Exception):
+    """Base of every error the service reports to a caller."""
+
+    reason: str = "INTERNAL"
+
+    def metadata(self) -> dict[str, str]:
+        """Dynamic values repeated in the ErrorInfo metadata."""
+        return {}
+
+
+class InvalidArgument(LeaseServiceError):
+    """A request field is malformed; the request changed nothing."""
+
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(self, field: str, description: str) -> None:
+        super().__init__(f"{field}: {description}")
+        self.field = field
+        self.description = description
+
+    def metadata(self) -> dict[str, str]:  # noqa: D102
+        return {"field": self.field}
+
+
+class LeaseLost(LeaseServiceError):
+    """The caller's owner id and fence do not hold a live lease."""
+
+    def __init__(self, loss: LossReason, current_fence: int, message: str | None = None) -> None:
+        super().__init__(message or f"lease lost: {loss.value} (current fence {current_fence})")
+        self.loss = loss
+        self.reason = loss.value
+        self.current_fence = current_fence
+
+    def metadata(self) -> dict[str, str]:  # noqa: D102
+        return {"current_fence": str(self.current_fence)}
+
+
+class TaskCompleted(LeaseServiceError):
+    """The task is COMPLETED: no claim is ever granted again."""
+
+    reason = LossReason.TASK_COMPLETED.value
+
+    def __init__(self, fence: int) -> None:
+        super().__init__(f"task is completed (last fence {fence})")
+        self.fence = fence
+
+    def metadata(self) -> dict[str, str]:  # noqa: D102
+        return {"current_fence": str(self.fence)}
+
+
+class EffectConflict(LeaseServiceError):
+    """The effect ledger refuses a call whatever the lease (FAILED_PRECONDITION)."""
+
+
+class EffectKeyReused(EffectConflict):
+    """The effect key was reserved with another policy or request digest."""
+
+    reason = "EFFECT_KEY_REUSED"
+
+    def __init__(self, effect_key: str, policy: str, fence: int, field: str) -> None:
+        """``policy`` and ``fence`` are the record's; ``field`` the request's field that differs."""
+        super().__init__(
+            f"effect_key {effect_key!r} was reserved with another {field} "
+            f"(policy {policy}, fence {fence}): one key names one effect"
+        )
+        self.field = field
+        self.fence = fence
+
+    def metadata(self) -> dict[str, str]:  # noqa: D102
+        return {"field": self.field, "recorded_fence": str(self.fence)}
+
+
+class EffectNotBegun(EffectConflict):
+    """CompleteEffect for an effect key that was never reserved."""
+
+    reason = "EFFECT_NOT_BEGUN"
+
+    def __init__(self) -> None:
+        super().__init__("no effect with this effect_key was begun: call BeginEffect first")
+
+
+class EffectAlreadyCompleted(EffectConflict):
+    """CompleteEffect with another outcome than the one recorded."""
+
+    reason = "EFFECT_ALREADY_COMPLETED"
+
+    def __init__(self, state: str, complete_fence: int) -> None:
+        super().__init__(
+            f"the effect already has another outcome ({state}, recorded by fence "
+            f"{complete_fence}); the first confirmed outcome stands"
+        )
+        self.state = state
+        self.complete_fence = complete_fence
+
+    def metadata(self) -> dict[str, str]:  # noqa: D102
+        return {"state": self.state, "complete_fence": str(self.complete_fence)}
+
+
+class TaskNotFound(LeaseServiceError):
+    """No task of that name was ever claimed."""
+
+    reason = "TASK_NOT_FOUND"
+
+
+class Unauthenticated(LeaseServiceError):
+    """The call carries no token, or one the server does not accept."""
+
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(LeaseServiceError):
+    """The caller's token does not cover this RPC or this namespace."""
+
+    reason = "PERMISSION_DENIED"
+
+
+class LimitExceeded(LeaseServiceError):
+    """A namespace limit refuses the call for now; nothing was changed.
+
+    Args:
+        namespace: The limited namespace.
+        retry_after_s: When a retry may succeed, in seconds (google.rpc.RetryInfo).
+        message: What was exceeded.
+    """
+
+    def __init__(self, namespace: str, retry_after_s: float, message: str) -> None:
+        super().__init__(message)
+        self.namespace = namespace
+        self.retry_after_s = retry_after_s
+
+    def metadata(self) -> dict[str, str]:  # noqa: D102
+        return {"namespace": self.namespace, "retry_after_s": f"{self.retry_after_s:.3f}"}
+
+
+class LeaseLimit(LimitExceeded):
+    """The namespace holds its maximum number of live leases."""
+
+    reason = "LEASE_LIMIT"
+
+
+class ClaimRateLimit(LimitExceeded):
+    """The namespace's claims per second are spent."""
+
+    reason = "CLAIM_RATE_LIMIT"
+
+
+class ServiceUnavailable(LeaseServiceError):
+    """The call can be retried, here or on another replica."""
+
+
+class DatabaseUnavailable(ServiceUnavailable):
+    """The database could not be reached or did not answer in time."""
+
+    reason = "DATABASE_UNAVAILABLE"
+
+
+class StatementsRefused(DatabaseUnavailable):
+    """The database answers but refuses the service's statements (Store.ping).
+
+    A privilege taken from the service's role, a read-only session, a
+    prepared statement lost to a pooler: calls cannot be decided however fast
+    the database answers, so health is NOT_SERVING (health.py). Callers get
+    UNAVAILABLE, as for any DatabaseUnavailable.
+    """
+
+
+class DatabaseRefused(DatabaseUnavailable):
+    """The database refuses the connection for a reason no retry fixes.
+
+    An unknown role, a wrong password, a client address it does not admit, a
+    database that does not exist, or connection parameters the driver cannot
+    use: the configuration must change. A caller of a serving server still
+    gets UNAVAILABLE (another replica may be configured right); at start the
+    commands exit at once (cli.py) instead of retrying.
+    """
+
+
+class ShuttingDown(ServiceUnavailable):
+    """The server is draining; the lease lives on in the database."""
+
+    reason = "SHUTTING_DOWN"

@@ -1,0 +1,198 @@
+"""Domain types of the lease service, and the state model.
+
+A task is named by ``(namespace, task_id)`` and has one row, created by its
+first claim and never deleted (it carries the fence counter). The row's
+``state`` records the last transition; whether a lease is live is decided
+only against the database's clock (``db_now``, read by the same statement):
+
+======================  =============================================
+row                     task state
+======================  =============================================
+no row                  FREE (never claimed; fence 0)
+held, expire > db_now   HELD
+held, expire <= db_now  EXPIRED: claimable; lost for everything else
+released / revoked      FREE
+completed               COMPLETED: terminal, no fence is ever valid
+======================  =============================================
+
+Transitions (each one SQL statement in ``sql/queries.sql``):
+
+* claim: new, FREE or EXPIRED -> HELD with fence + 1. HELD by the claiming
+  owner: a claim under another request id (a new incarnation of the owner)
+  -> HELD with fence + 1, superseding the earlier fence; the same request id,
+  or none -> unchanged (a retry gets the same lease back).
+* renew: HELD by (owner, fence) -> HELD with a later expire_time, never past
+  the runtime deadline; an EXPIRED lease is never revived.
+* release: HELD or EXPIRED by (owner, fence) -> FREE, or COMPLETED.
+
+A fence grows by exactly 1 per grant on one database timeline, jumps above
+every earlier timeline's fences after a promotion (the timeline floor of
+``migrations/0003_fence_timeline.sql``), and is never reused, so "fence below
+the current one" means the lease was superseded, whatever happened since.
+
+This module is pure: no grpc, no asyncpg, no clock of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+ZERO = timedelta(0)
+
+
+class TaskState(enum.StrEnum):
+    """A task's state, as judged on the database clock."""
+
+    FREE = "FREE"
+    HELD = "HELD"
+    EXPIRED = "EXPIRED"
+    COMPLETED = "COMPLETED"
+
+
+class LossReason(enum.StrEnum):
+    """Why an owner does not hold a lease; the ErrorInfo reason on errors."""
+
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    LEASE_SUPERSEDED = "LEASE_SUPERSEDED"
+    LEASE_RELEASED = "LEASE_RELEASED"
+    LEASE_REVOKED = "LEASE_REVOKED"
+    RUNTIME_EXCEEDED = "RUNTIME_EXCEEDED"
+    TASK_COMPLETED = "TASK_COMPLETED"
+    NOT_OWNER = "NOT_OWNER"
+    FENCE_UNKNOWN = "FENCE_UNKNOWN"
+
+
+_ROW_STATE_REASON = {
+    "released": LossReason.LEASE_RELEASED,
+    "revoked": LossReason.LEASE_REVOKED,
+    "completed": LossReason.TASK_COMPLETED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskKey:
+    """Names one task."""
+
+    namespace: str
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A task's current lease: its row, together with the database instant it was read at.
+
+    The proto's ``Lease`` message (``rpc.convert.lease``); one row of
+    ``leasekeeper_tasks``. A task never claimed has none.
+
+    Attributes:
+        row_state: the stored state: 'held', 'released', 'revoked' or 'completed'.
+        claim_request_id: the request id of the claim that granted the current
+            fence, or None when that claim carried none.
+        db_now: ``clock_timestamp()`` of the statement that produced the row.
+        revoke_reason: the operator's reason, when the last lease was revoked.
+    """
+
+    namespace: str
+    task_id: str
+    owner_id: str
+    fence: int
+    row_state: str
+    expire_time: datetime
+    runtime_deadline: datetime
+    claim_time: datetime
+    end_reason: str | None
+    claim_request_id: str | None
+    db_now: datetime
+    revoke_reason: str | None = None
+
+    def is_claim_of(self, owner_id: str, request_id: str | None) -> bool:
+        """True when a claim by ``owner_id`` with ``request_id`` is a retry of this lease's claim.
+
+        The same owner, and either the same request id or none at all (a client
+        without request ids cannot tell a retry from a new incarnation).
+        """
+        if self.owner_id != owner_id:
+            return False
+        return request_id is None or request_id == self.claim_request_id
+
+    @property
+    def state(self) -> TaskState:
+        """The task state at ``db_now``."""
+        if self.row_state == "completed":
+            return TaskState.COMPLETED
+        if self.row_state != "held":
+            return TaskState.FREE
+        return TaskState.HELD if self.expire_time > self.db_now else TaskState.EXPIRED
+
+    @property
+    def remaining_ttl(self) -> timedelta:
+        """Time left on the lease at ``db_now``; zero unless HELD."""
+        if self.state is not TaskState.HELD:
+            return ZERO
+        return self.expire_time - self.db_now
+
+    @property
+    def last_loss(self) -> LossReason | None:
+        """Why the current fence's lease is no longer live, or None while it is HELD."""
+        state = self.state
+        if state is TaskState.HELD:
+            return None
+        if state is TaskState.EXPIRED:
+            if self.expire_time >= self.runtime_deadline:
+                return LossReason.RUNTIME_EXCEEDED
+            return LossReason.LEASE_EXPIRED
+        return _ROW_STATE_REASON[self.row_state]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimOutcome:
+    """What a claim did.
+
+    Attributes:
+        acquired: the caller holds the lease in ``task``.
+        lease: the task's lease after the claim (the holder's when not acquired).
+        retry_after: when not acquired, how long until the task can be granted
+            as far as the database can tell now (the holder's remaining ttl,
+            plus the namespace's lock delay should the lease expire).
+    """
+
+    acquired: bool
+    lease: Lease
+    retry_after: timedelta = ZERO
+
+
+def fence_loss(task: Lease | None, fence: int) -> LossReason | None:
+    """Says why ``fence`` may not act on ``task`` now, or None if it may.
+
+    The rule behind ValidateFence: a fence is valid iff it is the current
+    fence, the lease is HELD on the database clock and the task is not
+    COMPLETED.
+    """
+    current = task.fence if task is not None else 0
+    if fence > current:
+        return LossReason.FENCE_UNKNOWN
+    assert task is not None
+    if task.state is TaskState.COMPLETED:
+        return LossReason.TASK_COMPLETED
+    if fence < current:
+        return LossReason.LEASE_SUPERSEDED
+    return task.last_loss
+
+
+def owner_loss(task: Lease | None, owner_id: str, fence: int) -> LossReason | None:
+    """Says why ``owner_id`` with ``fence`` does not hold ``task`` now, or None if it does.
+
+    Like :func:`fence_loss`, and NOT_OWNER when the fence is the task's current
+    one but was granted to another owner.
+    """
+    reason = fence_loss(task, fence)
+    if (
+        task is not None
+        and fence == task.fence
+        and task.owner_id != owner_id
+        and reason is not LossReason.TASK_COMPLETED
+    ):
+        return LossReason.NOT_OWNER
+    return reason

@@ -1,0 +1,293 @@
+"""The Heartbeat stream: one loop per lease that renews and pushes loss.
+
+A stream serves one lease. Its first message names the lease and renews it;
+each later message renews it again, except that beats sooner than
+``min(min_renew_interval_s, ttl / 3)`` after the last renewal are answered
+from that renewal without a database write (a flood never becomes a write
+storm, and a short ttl can still be kept alive).
+
+The stream's task reads and answers beats one after another. Beside it, a
+watchdog task waits on a notification that the task's ownership changed
+(``events.py``), a timer set for the moment the database said the lease
+would end (unless a renewal moved it since), the server's shutdown and the
+caller's token. When the first two fire, one read on the database clock
+decides; a lost lease ends the stream at once with ABORTED and the reason
+(the watchdog cancels the stream's task, which leaves with that status),
+without waiting for the client's next beat. The server's monotonic clock
+only schedules that read; it never decides anything.
+
+The stream ends with OK when the client half-closes (the lease stays HELD
+until it expires or is released), with UNAVAILABLE when the server shuts
+down or loses its database (the lease lives on; resume with the same fence),
+and with INVALID_ARGUMENT when a message names another lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+import grpc
+
+from leasekeeper.v1 import lease_service_pb2 as pb
+from leasekeeper_server.core.errors import InvalidArgument, LeaseLost, ShuttingDown
+from leasekeeper_server.core.model import Lease, LossReason, owner_loss
+from leasekeeper_server.observability.metrics import Metrics
+from leasekeeper_server.rpc import convert, validate
+from leasekeeper_server.rpc.handling import abort_with, check_parsed
+from leasekeeper_server.security import caller as auth
+from leasekeeper_server.settings import Settings
+from leasekeeper_server.storage.events import LeaseEvents
+from leasekeeper_server.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+# Slack added to the expiry timer so the read lands just after the instant
+# the database will judge the lease expired.
+_TIMER_SLACK_S = 0.02
+
+
+class HeartbeatService:
+    """Serves heartbeat streams and ends them all on shutdown."""
+
+    def __init__(
+        self,
+        store: Store,
+        events: LeaseEvents,
+        settings: Settings,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._store = store
+        self._events = events
+        self._settings = settings
+        self._metrics = metrics if metrics is not None else Metrics()
+        self._closing = asyncio.Event()
+        self.open_streams = 0
+
+    def close(self) -> None:
+        """Ends every open stream with UNAVAILABLE (server shutdown)."""
+        self._closing.set()
+
+    @property
+    def closing(self) -> asyncio.Event:
+        """Set once the server is shutting down."""
+        return self._closing
+
+    async def serve(self, context: grpc.aio.ServicerContext) -> None:
+        """Runs one stream to its end; every ending is a status on ``context``."""
+        self.open_streams += 1
+        try:
+            await _Stream(
+                self._store, self._events, self._settings, self._metrics, self._closing, context
+            ).run()
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # every failure leaves as a status
+            await abort_with(context, exc)
+        finally:
+            self.open_streams -= 1
+
+
+class _Stream:
+    def __init__(
+        self,
+        store: Store,
+        events: LeaseEvents,
+        settings: Settings,
+        metrics: Metrics,
+        closing: asyncio.Event,
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        self._store = store
+        self._events = events
+        self._settings = settings
+        self._metrics = metrics
+        self._closing = closing
+        self._context = context
+        self._ref: validate.LeaseRef | None = None
+        self._ttl = timedelta(seconds=settings.default_ttl_s)
+        self._renew_interval_s = 0.0  # beats sooner than this after a renewal are not written
+        self._names: tuple[tuple[str, str], ...] = ()  # the first message's ids, by field
+        self._task: Lease | None = None  # the last read of the lease (renewal or check)
+        self._seen_at = 0.0  # monotonic, when that read was answered
+        self._renewed_at = 0.0  # monotonic, when the last renewal was answered
+        self._ended: Exception | None = None  # why the watchdog ended the stream
+
+    async def run(self) -> None:
+        first = await self._context.read()
+        if first is grpc.aio.EOF:
+            return
+        check_parsed(first)
+        self._ref = validate.lease_ref(first, self._settings)
+        auth.authorize_namespace(self._ref.key.namespace)
+        self._names = (
+            ("namespace", self._ref.key.namespace),
+            ("task_id", self._ref.key.task_id),
+            ("owner_id", self._ref.owner_id),
+        )
+        self._set_ttl(validate.ttl(first, self._settings))
+        await self._renew()
+
+        # Beats are read and answered here, one after another, with nothing
+        # else to wait for (the cheapest loop per beat); the watchdog task
+        # waits for the rest and, when the stream must end, cancels this one.
+        beats = asyncio.current_task()
+        assert beats is not None
+        with self._events.watch(self._ref.key) as changed:
+            # Ends the stream if the caller's token is revoked while it runs.
+            credentials = auth.guard_credentials(self._ref.key.namespace)
+            watchdog = asyncio.ensure_future(self._watch(changed, credentials, beats))
+            try:
+                while True:
+                    message = await self._context.read()
+                    if message is grpc.aio.EOF:
+                        return
+                    await self._beat(message)
+            except asyncio.CancelledError:
+                if self._ended is None:
+                    raise  # the call itself was cancelled
+                beats.uncancel()
+                raise self._ended from None
+            finally:
+                watchdog.cancel()
+                credentials.cancel()
+
+    async def _watch(
+        self,
+        changed: asyncio.Event,
+        credentials: asyncio.Future[Any],
+        beats: asyncio.Task[Any],
+    ) -> None:
+        """Ends the stream (cancelling ``beats``) on shutdown, a lost token or a lost lease.
+
+        Waits for a notification that the task's ownership changed, the
+        server's shutdown, the token's revocation, or the instant the
+        database said the lease would end (if no renewal moved it since);
+        then one read on the database clock decides.
+        """
+        closing = asyncio.ensure_future(self._closing.wait())
+        woken = asyncio.ensure_future(changed.wait())
+        try:
+            while True:
+                seen_at = self._seen_at
+                done, _ = await asyncio.wait(
+                    {woken, closing, credentials},
+                    timeout=self._until_check_s(),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if closing in done:
+                    raise ShuttingDown("server is shutting down; resume with the same fence")
+                if credentials in done:
+                    credentials.result()  # raises: the token was revoked
+                if woken in done:
+                    changed.clear()
+                    woken = asyncio.ensure_future(changed.wait())
+                elif self._seen_at != seen_at:
+                    continue  # renewed meanwhile: the lease ends later than the timer said
+                await self._check()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # ends the stream with this status
+            self._ended = exc
+            beats.cancel()
+        finally:
+            closing.cancel()
+            woken.cancel()
+
+    def _until_check_s(self) -> float:
+        assert self._task is not None
+        elapsed = time.monotonic() - self._seen_at
+        return max(0.0, self._task.remaining_ttl.total_seconds() - elapsed) + _TIMER_SLACK_S
+
+    async def _beat(self, message: Any) -> None:
+        check_parsed(message)
+        self._check_same_lease(message)
+        if message.HasField("ttl"):
+            self._set_ttl(validate.ttl(message, self._settings))
+        if time.monotonic() - self._renewed_at < self._renew_interval_s:
+            await self._reply(renewed=False)
+        else:
+            await self._renew()
+
+    def _set_ttl(self, ttl: timedelta) -> None:
+        self._ttl = ttl
+        # A short ttl shortens the interval too: a lease must be renewable
+        # several times within its ttl, however the server is configured.
+        self._renew_interval_s = min(self._settings.min_renew_interval_s, ttl.total_seconds() / 3)
+
+    def _check_same_lease(self, message: pb.HeartbeatRequest) -> None:
+        ref = self._ref
+        assert ref is not None
+        for field, mine in self._names:
+            value = getattr(message, field)
+            if value and value != mine:
+                raise InvalidArgument(field, "names another lease than this stream's first message")
+        if message.fence and message.fence != ref.fence:
+            raise InvalidArgument("fence", "names another lease than this stream's first message")
+
+    async def _renew(self) -> None:
+        assert self._ref is not None
+        self._task = await self._store.renew(self._ref, self._ttl)
+        self._seen_at = self._renewed_at = time.monotonic()
+        await self._reply(renewed=True)
+
+    async def _reply(self, renewed: bool) -> None:
+        task = self._task
+        assert task is not None
+        remaining = task.remaining_ttl
+        if not renewed:
+            remaining = max(
+                timedelta(0), remaining - timedelta(seconds=time.monotonic() - self._seen_at)
+            )
+        await self._context.write(
+            pb.HeartbeatResponse(
+                fence=task.fence,
+                renewed=renewed,
+                expire_time=convert.timestamp(task.expire_time),
+                remaining_ttl=convert.duration(remaining),
+            )
+        )
+
+    async def _check(self) -> None:
+        """One read on the database clock: ends the stream if the lease is lost."""
+        ref = self._ref
+        assert ref is not None
+        task = await self._store.get_lease(ref.key)
+        reason = owner_loss(task, ref.owner_id, ref.fence)
+        if reason is not None:
+            if task is not None:
+                self._metrics.loss_told(_loss_age_s(task, reason))
+            log.info(
+                "heartbeat ends: %s namespace=%r task_id=%r fence=%d",
+                reason.value,
+                ref.key.namespace,
+                ref.key.task_id,
+                ref.fence,
+                extra={
+                    "namespace": ref.key.namespace,
+                    "task_id": ref.key.task_id,
+                    "owner_id": ref.owner_id,
+                    "fence": ref.fence,
+                    "reason": reason.value,
+                },
+            )
+            raise LeaseLost(reason, task.fence if task is not None else 0)
+        assert task is not None
+        # Still ours (renewed elsewhere, perhaps): plan the next check from this read.
+        self._task = task
+        self._seen_at = time.monotonic()
+
+
+def _loss_age_s(task: Lease, reason: LossReason) -> float:
+    """Seconds from the loss to this read (database clock), for the loss-notice metric.
+
+    The loss instant is the expire_time for an expiry, and for a release,
+    revoke or completion too (those set expire_time to the instant they
+    happened); for a newer grant it is that grant's claim_time (the old
+    lease may have expired earlier: the age is then a lower bound).
+    """
+    lost_at = task.claim_time if reason is LossReason.LEASE_SUPERSEDED else task.expire_time
+    return max(0.0, (task.db_now - lost_at).total_seconds())

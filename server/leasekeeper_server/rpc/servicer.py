@@ -1,0 +1,322 @@
+"""Thin RPC handlers: validate, call one store method, convert back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import grpc
+
+from leasekeeper.v1 import lease_service_pb2 as pb
+from leasekeeper_server.core.effect_rules import BeginDecision, EffectState
+from leasekeeper_server.core.errors import EffectConflict, LeaseLost, ShuttingDown, TaskNotFound
+from leasekeeper_server.core.limits import LimitsCache
+from leasekeeper_server.core.model import ClaimOutcome, TaskKey, fence_loss
+from leasekeeper_server.observability.metrics import EffectEvent, Metrics
+from leasekeeper_server.rpc import convert, validate
+from leasekeeper_server.rpc.handling import parse_or_malformed, unary
+from leasekeeper_server.rpc.heartbeat import HeartbeatService
+from leasekeeper_server.rpc.paging import PageTokens
+from leasekeeper_server.rpc.service import SERVICE_NAME
+from leasekeeper_server.rpc.watch import WatchService
+from leasekeeper_server.security import caller as auth
+from leasekeeper_server.settings import Settings
+from leasekeeper_server.storage.events import LeaseEvents
+from leasekeeper_server.storage.ledger import EffectLedger
+from leasekeeper_server.storage.store import Store
+
+# Added to a waiting claim's timer so its retry lands just after the instant
+# the database will judge the holder's lease (and lock delay) over.
+_WAIT_SLACK_S = 0.02
+
+
+class LeaseServicer:
+    """The leasekeeper.v1.LeaseService handlers."""
+
+    def __init__(
+        self,
+        store: Store,
+        ledger: EffectLedger,
+        heartbeats: HeartbeatService,
+        metrics: Metrics,
+        settings: Settings,
+        *,
+        events: LeaseEvents,
+        limits: LimitsCache,
+        watches: WatchService,
+        page_tokens: PageTokens,
+    ) -> None:
+        self._store = store
+        self._ledger = ledger
+        self._heartbeats = heartbeats
+        self._metrics = metrics
+        self._settings = settings
+        self._events = events
+        self._limits = limits
+        self._watches = watches
+        self._page_tokens = page_tokens
+
+    @unary
+    async def Claim(self, request: pb.ClaimRequest, context: Any) -> pb.ClaimResponse:
+        """Claims a task, waiting up to ``wait`` for it (see the proto for outcomes and codes)."""
+        s = self._settings
+        key = validate.task_key(request, s)
+        owner_id = validate.identifier("owner_id", request.owner_id, s.max_id_bytes)
+        ttl = validate.ttl(request, s)
+        max_runtime = validate.max_runtime(request, s)
+        request_id = validate.request_id(request.request_id, s.max_id_bytes)
+        wait = validate.claim_wait(request, s)
+        limits = self._limits.get(key.namespace)
+
+        def claim(take_token: bool = True) -> Awaitable[ClaimOutcome]:
+            return self._store.claim(
+                key, owner_id, ttl, max_runtime, request_id, limits, take_token
+            )
+
+        if wait > timedelta(0):
+            outcome = await self._claim_waiting(key, claim, wait)
+        else:
+            outcome = await claim()
+        if outcome.acquired:
+            return pb.ClaimResponse(acquired=True, lease=convert.lease(outcome.lease))
+        return pb.ClaimResponse(
+            acquired=False,
+            holder_remaining_ttl=convert.duration(outcome.lease.remaining_ttl),
+            holder_expire_time=convert.timestamp(outcome.lease.expire_time),
+            retry_after=convert.duration(outcome.retry_after),
+        )
+
+    async def _claim_waiting(
+        self,
+        key: TaskKey,
+        claim: Callable[..., Awaitable[ClaimOutcome]],
+        wait: timedelta,
+    ) -> ClaimOutcome:
+        """Claims, and while the task is held, claims again when it may have become free.
+
+        Woken by the database's announcement of a change to the task (a
+        release, a revoke, a completion, an announced expiry) or by a timer at
+        the instant the database said the task could be granted (the
+        holder's expire_time plus the lock delay); each wake-up is one claim
+        decided on the database clock. The monotonic clock only bounds the
+        wait.
+
+        Raises:
+            ShuttingDown: the server began to shut down while the claim waited
+                (UNAVAILABLE: wait again on another replica).
+            Unauthenticated: the caller's token was revoked meanwhile.
+        """
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + wait.total_seconds()
+        closing = asyncio.ensure_future(self._heartbeats.closing.wait())
+        # A token revoked while the claim waits ends the wait (UNAUTHENTICATED).
+        credentials = auth.guard_credentials(key.namespace)
+        try:
+            with self._events.watch(key) as changed:  # watching before the first claim
+                outcome = await claim()
+                while not outcome.acquired:
+                    left_s = give_up_at - loop.time()
+                    if left_s <= 0:
+                        break
+                    timer_s = max(outcome.retry_after.total_seconds(), 0.0) + _WAIT_SLACK_S
+                    woken = asyncio.ensure_future(changed.wait())
+                    await asyncio.wait(
+                        {woken, closing, credentials},
+                        timeout=min(left_s, timer_s),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    woken.cancel()
+                    if credentials.done():
+                        credentials.result()  # raises: the token was revoked
+                    if closing.done():
+                        raise ShuttingDown("server is shutting down; claim again on a replica")
+                    changed.clear()
+                    outcome = await claim(take_token=False)
+        finally:
+            for waiter in (closing, credentials):
+                waiter.cancel()
+            await asyncio.gather(closing, credentials, return_exceptions=True)
+        return outcome
+
+    @unary
+    async def Renew(self, request: pb.RenewRequest, context: Any) -> pb.RenewResponse:
+        """Renews a live lease; ABORTED with the reason otherwise."""
+        ref = validate.lease_ref(request, self._settings)
+        ttl = validate.ttl(request, self._settings)
+        return pb.RenewResponse(lease=convert.lease(await self._store.renew(ref, ttl)))
+
+    @unary
+    async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
+        """Releases or completes a lease; idempotent for the same fence."""
+        ref = validate.lease_ref(request, self._settings)
+        task = await self._store.release(ref, request.complete)
+        return pb.ReleaseResponse(lease=convert.lease(task))
+
+    @unary
+    async def ValidateFence(
+        self, request: pb.ValidateFenceRequest, context: Any
+    ) -> pb.ValidateFenceResponse:
+        """Says whether a fence may act now; always OK."""
+        key = validate.task_key(request, self._settings)
+        fence = validate.fence("fence", request.fence)
+        task = await self._store.get_lease(key)
+        reason = fence_loss(task, fence)
+        if reason is None and task is not None:
+            return pb.ValidateFenceResponse(
+                valid=True,
+                current_fence=task.fence,
+                remaining_ttl=convert.duration(task.remaining_ttl),
+                expire_time=convert.timestamp(task.expire_time),
+            )
+        return pb.ValidateFenceResponse(
+            valid=False,
+            current_fence=task.fence if task is not None else 0,
+            reason=convert.loss_reason(reason),
+        )
+
+    @unary
+    async def GetLease(self, request: pb.GetLeaseRequest, context: Any) -> pb.GetLeaseResponse:
+        """The task's current state; NOT_FOUND when never claimed."""
+        key = validate.task_key(request, self._settings)
+        task = await self._store.get_lease(key)
+        if task is None:
+            raise TaskNotFound(
+                f"task {key.task_id!r} in namespace {key.namespace!r} was never claimed"
+            )
+        return pb.GetLeaseResponse(lease=convert.lease(task))
+
+    @unary
+    async def ListLeases(
+        self, request: pb.ListLeasesRequest, context: Any
+    ) -> pb.ListLeasesResponse:
+        """One page of a namespace's tasks, by task_id."""
+        s = self._settings
+        namespace = validate.identifier("namespace", request.namespace, s.max_id_bytes)
+        state = validate.task_state_filter(request.state)
+        size = validate.page_size(request.page_size)
+        owner_id = validate.optional_identifier("owner_id", request.owner_id, s.max_id_bytes)
+        listing = ("ListLeases", namespace, state.value if state else None, owner_id)
+        after = self._page_tokens.position(listing, request.page_token)
+        tasks, read_up_to = await self._store.list_leases(
+            namespace, after, size + 1, state, owner_id
+        )
+        page, token = self._page_tokens.page(listing, tasks, size, lambda t: t.task_id)
+        if read_up_to is not None:  # a short page of a rare filter: go on after what was read
+            token = self._page_tokens.issue(listing, read_up_to)
+        return pb.ListLeasesResponse(leases=[convert.lease(t) for t in page], next_page_token=token)
+
+    @unary
+    async def BeginEffect(
+        self, request: pb.BeginEffectRequest, context: Any
+    ) -> pb.BeginEffectResponse:
+        """Reserves an effect for a live fence (see ledger.py and effects.py)."""
+        begin = validate.begin_request(request, self._settings)
+        self._metrics.effect(EffectEvent.BEGUN)
+        try:
+            decision, record = await self._ledger.begin(begin)
+        except (LeaseLost, EffectConflict):
+            self._metrics.effect(EffectEvent.REFUSED)
+            raise
+        self._metrics.effect(_BEGIN_EVENT[decision])
+        return pb.BeginEffectResponse(
+            decision=convert.DECISION[decision], effect=convert.effect(record)
+        )
+
+    @unary
+    async def CompleteEffect(
+        self, request: pb.CompleteEffectRequest, context: Any
+    ) -> pb.CompleteEffectResponse:
+        """Records an effect's outcome by a live fence; idempotent for the same outcome."""
+        key = validate.effect_key(request, self._settings)
+        fence = validate.fence("fence", request.fence)
+        outcome = validate.outcome(request, self._settings)
+        try:
+            record = await self._ledger.complete(key, fence, outcome)
+        except (LeaseLost, EffectConflict):
+            self._metrics.effect(EffectEvent.REFUSED)
+            raise
+        applied = outcome.state is EffectState.SUCCEEDED
+        self._metrics.effect(EffectEvent.APPLIED if applied else EffectEvent.FAILED)
+        return pb.CompleteEffectResponse(effect=convert.effect(record))
+
+    @unary
+    async def ListEffects(
+        self, request: pb.ListEffectsRequest, context: Any
+    ) -> pb.ListEffectsResponse:
+        """One page of a task's effects, by effect_key."""
+        s = self._settings
+        task = validate.task_key(request, s)
+        state = validate.effect_state_filter(request.state)
+        size = validate.page_size(request.page_size)
+        listing = ("ListEffects", task.namespace, task.task_id, state.value if state else None)
+        after = self._page_tokens.position(listing, request.page_token)
+        records = await self._ledger.list(task, after, size + 1, state)
+        page, token = self._page_tokens.page(listing, records, size, lambda r: r.effect_key)
+        return pb.ListEffectsResponse(
+            effects=[convert.effect(r) for r in page], next_page_token=token
+        )
+
+    @unary
+    async def Revoke(self, request: pb.RevokeRequest, context: Any) -> pb.RevokeResponse:
+        """Ends the task's lease now (an operator's call; see the proto)."""
+        key = validate.task_key(request, self._settings)
+        reason = validate.revoke_reason(request.reason)
+        fence = validate.optional_fence("fence", request.fence)
+        revoked, task = await self._store.revoke(key, reason, fence)
+        return pb.RevokeResponse(revoked=revoked, lease=convert.lease(task))
+
+    async def Heartbeat(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        """The heartbeat stream; see heartbeat.py."""
+        await self._heartbeats.serve(context)
+
+    async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """The Watch stream; see watch.py."""
+        await self._watches.serve(request, context)
+
+
+def method_handlers(servicer: LeaseServicer) -> grpc.GenericRpcHandler:
+    """The service's handlers, with deserializers that never raise."""
+
+    def unary_handler(name: str, req: Any, resp: Any) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name),
+            request_deserializer=parse_or_malformed(req),
+            response_serializer=resp.SerializeToString,
+        )
+
+    handlers = {
+        "Claim": unary_handler("Claim", pb.ClaimRequest, pb.ClaimResponse),
+        "Renew": unary_handler("Renew", pb.RenewRequest, pb.RenewResponse),
+        "Release": unary_handler("Release", pb.ReleaseRequest, pb.ReleaseResponse),
+        "ValidateFence": unary_handler(
+            "ValidateFence", pb.ValidateFenceRequest, pb.ValidateFenceResponse
+        ),
+        "GetLease": unary_handler("GetLease", pb.GetLeaseRequest, pb.GetLeaseResponse),
+        "ListLeases": unary_handler("ListLeases", pb.ListLeasesRequest, pb.ListLeasesResponse),
+        "BeginEffect": unary_handler("BeginEffect", pb.BeginEffectRequest, pb.BeginEffectResponse),
+        "CompleteEffect": unary_handler(
+            "CompleteEffect", pb.CompleteEffectRequest, pb.CompleteEffectResponse
+        ),
+        "ListEffects": unary_handler("ListEffects", pb.ListEffectsRequest, pb.ListEffectsResponse),
+        "Revoke": unary_handler("Revoke", pb.RevokeRequest, pb.RevokeResponse),
+        "Watch": grpc.unary_stream_rpc_method_handler(
+            servicer.Watch,
+            request_deserializer=parse_or_malformed(pb.WatchRequest),
+            response_serializer=pb.TaskEvent.SerializeToString,
+        ),
+        "Heartbeat": grpc.stream_stream_rpc_method_handler(
+            servicer.Heartbeat,
+            request_deserializer=parse_or_malformed(pb.HeartbeatRequest),
+            response_serializer=pb.HeartbeatResponse.SerializeToString,
+        ),
+    }
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+_BEGIN_EVENT = {
+    BeginDecision.PROCEED: EffectEvent.PROCEED,
+    BeginDecision.ALREADY_APPLIED: EffectEvent.ALREADY_APPLIED,
+    BeginDecision.IN_DOUBT: EffectEvent.IN_DOUBT,
+}

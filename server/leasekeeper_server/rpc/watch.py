@@ -1,0 +1,167 @@
+"""The Watch stream: a task's (or a namespace's) events as the database commits them.
+
+A worker waiting for another's task to complete subscribes instead of
+polling. Events come from the task table's trigger (``events.py``), so they
+arrive in commit order, whichever replica made the change; an expiry is
+announced once: by the elected sweeper (``sweeper.py``), at most a sweep
+interval late, or just before the claim, release or revoke that ends the
+expired lease first.
+
+For one task the stream starts with a SNAPSHOT (the task read after
+subscribing, so no later change can be missed), then delivers each event
+that the snapshot does not already show. When events may have been lost
+(the server's listening connection was interrupted, or the client read too
+slowly) it sends a fresh SNAPSHOT; a namespace stream sends a SNAPSHOT with
+no lease instead, meaning "re-read what you care about". The stream ends
+UNAVAILABLE when the server shuts down: watch again, on any replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+import grpc
+
+from leasekeeper.v1 import lease_service_pb2 as pb
+from leasekeeper_server.core.errors import ShuttingDown
+from leasekeeper_server.core.model import Lease, TaskKey
+from leasekeeper_server.rpc import convert, validate
+from leasekeeper_server.rpc.handling import abort_with, check_parsed
+from leasekeeper_server.security import caller as auth
+from leasekeeper_server.settings import Settings
+from leasekeeper_server.storage.events import LeaseEvents
+from leasekeeper_server.storage.store import Store, lease_from_row
+
+_EVENT_TYPE = {
+    "claimed": pb.TASK_EVENT_TYPE_CLAIMED,
+    "released": pb.TASK_EVENT_TYPE_RELEASED,
+    "expired": pb.TASK_EVENT_TYPE_EXPIRED,
+    "completed": pb.TASK_EVENT_TYPE_COMPLETED,
+    "revoked": pb.TASK_EVENT_TYPE_REVOKED,
+}
+
+
+def lease_of_event(data: dict[str, Any]) -> Lease:
+    """The task as a notification payload describes it, judged at the event's instant.
+
+    The payload is the row (migrations/0005_operations.sql) with its instants as
+    JSON text; the event's instant stands in for the database clock.
+    """
+    row = dict(data)
+    for name in ("expire_time", "runtime_deadline", "claim_time"):
+        row[name] = datetime.fromisoformat(data[name])
+    row["db_now"] = datetime.fromisoformat(data["event_time"])
+    return lease_from_row(row)
+
+
+def event_message(data: dict[str, Any]) -> pb.TaskEvent | None:
+    """The TaskEvent for a notification payload; None for one of an unknown kind."""
+    kind = _EVENT_TYPE.get(data.get("event", ""))
+    if kind is None:
+        return None
+    task = lease_of_event(data)
+    return pb.TaskEvent(
+        type=kind, lease=convert.lease(task), event_time=convert.timestamp(task.db_now)
+    )
+
+
+def snapshot_message(task: Lease | None, key: TaskKey | None) -> pb.TaskEvent:
+    """A SNAPSHOT event: the task as read (or a never-claimed task; or no lease at all)."""
+    message = pb.TaskEvent(type=pb.TASK_EVENT_TYPE_SNAPSHOT)
+    if task is not None:
+        message.lease.CopyFrom(convert.lease(task))
+        message.event_time.CopyFrom(convert.timestamp(task.db_now))
+    elif key is not None:
+        message.lease.namespace = key.namespace
+        message.lease.task_id = key.task_id
+        message.lease.state = pb.TASK_STATE_FREE
+    return message
+
+
+class WatchService:
+    """Serves Watch streams and ends them all on shutdown."""
+
+    def __init__(self, store: Store, events: LeaseEvents, settings: Settings) -> None:
+        self._store = store
+        self._events = events
+        self._settings = settings
+        self._closing = asyncio.Event()
+
+    def close(self) -> None:
+        """Ends every open stream with UNAVAILABLE (server shutdown)."""
+        self._closing.set()
+
+    async def serve(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """Runs one Watch stream to its end; every ending is a status on ``context``."""
+        try:
+            await self._run(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # every failure leaves as a status
+            await abort_with(context, exc)
+
+    async def _run(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+        check_parsed(request)
+        s = self._settings
+        namespace = validate.identifier("namespace", request.namespace, s.max_id_bytes)
+        key = None
+        if request.task_id:
+            key = TaskKey(
+                namespace, validate.identifier("task_id", request.task_id, s.max_id_bytes)
+            )
+        auth.authorize_namespace(namespace)
+        with self._events.subscribe(namespace, key.task_id if key else None) as sub:
+            # Subscribed first, then read: a change after the read is queued.
+            shown = await self._snapshot(context, key) if key is not None else None
+            closing = asyncio.ensure_future(self._closing.wait())
+            # Ends the stream if the caller's token is revoked while it runs.
+            credentials = auth.guard_credentials(namespace)
+            try:
+                while True:
+                    ready = asyncio.ensure_future(sub.ready.wait())
+                    await asyncio.wait(
+                        {ready, closing, credentials}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    ready.cancel()
+                    if closing.done():
+                        raise ShuttingDown("server is shutting down; watch again")
+                    if credentials.done():
+                        credentials.result()  # raises UNAUTHENTICATED / PERMISSION_DENIED
+                    gap, events = sub.take()
+                    if gap:
+                        if key is not None:
+                            shown = await self._snapshot(context, key)
+                        else:
+                            await context.write(snapshot_message(None, None))
+                        continue
+                    for data in events:
+                        if shown is not None and _already_shown(shown, data):
+                            continue
+                        shown = None  # from the first new event on, every one is news
+                        message = event_message(data)
+                        if message is not None:
+                            await context.write(message)
+            finally:
+                for waiter in (closing, credentials):
+                    waiter.cancel()
+                await asyncio.gather(closing, credentials, return_exceptions=True)
+
+    async def _snapshot(self, context: grpc.aio.ServicerContext, key: TaskKey) -> Lease | None:
+        task = await self._store.get_lease(key)
+        await context.write(snapshot_message(task, key))
+        return task
+
+
+def _already_shown(snapshot: Lease, data: dict[str, Any]) -> bool:
+    """True for an event the snapshot already reflects (it committed before the read).
+
+    A later change would show another fence or another state, except an
+    expiry announcement, which is always delivered.
+    """
+    return (
+        data.get("event") != "expired"
+        and int(data.get("fence", -1)) == snapshot.fence
+        and data.get("state") == snapshot.row_state
+    )

@@ -1,0 +1,228 @@
+"""One LISTEN connection per server process, fanned out to streams and caches.
+
+The database announces every change of ownership (a grant, a release, a
+revoke, a completion, an expiry announced by the sweeper or by the change
+that ended the expired lease first) on the channel
+``leasekeeper_lease`` from a trigger on the task table, whoever made the
+change, with the row as the change left it (migrations/0005_operations.sql).
+Two kinds of listeners use it:
+
+* heartbeat streams and waiting claims ``watch`` their task: a notification
+  is only a doorbell, and the decision is always a fresh read on the database
+  clock;
+* Watch streams ``subscribe`` to a task or a namespace and receive the
+  events themselves, in commit order.
+
+Changes of tokens or limits arrive on ``leasekeeper_config``; callbacks
+registered with ``on_config`` reload what they cache.
+
+While the listening connection is down, notifications may be lost, so every
+watcher is woken when it comes back (and when it breaks) to check for itself,
+every subscription is told it has a gap, and every config callback runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import asyncpg
+
+from leasekeeper_server.core.errors import DatabaseUnavailable
+from leasekeeper_server.core.model import TaskKey
+from leasekeeper_server.storage.store import APPLICATION_NAME, translate_errors
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "leasekeeper_lease"
+CONFIG_CHANNEL = "leasekeeper_config"
+
+# Events a Watch subscription may hold unread; past that it is told of a gap.
+MAX_PENDING_EVENTS = 1000
+
+
+class Subscription:
+    """The events of a task (or a namespace) since subscribing, in commit order.
+
+    Attributes:
+        ready: set while ``pending`` holds events or ``gap`` is set.
+        pending: the notification payloads (dicts), oldest first.
+        gap: True when events may have been lost (the listening connection
+            was interrupted, or too many events were left unread).
+    """
+
+    def __init__(self) -> None:
+        self.ready = asyncio.Event()
+        self.pending: deque[dict[str, Any]] = deque()
+        self.gap = False
+
+    def push(self, payload: dict[str, Any]) -> None:
+        """Adds one event; too many unread turns into a gap."""
+        if len(self.pending) >= MAX_PENDING_EVENTS:
+            self.mark_gap()
+            return
+        self.pending.append(payload)
+        self.ready.set()
+
+    def mark_gap(self) -> None:
+        """Drops what is pending: the reader must re-read the state instead."""
+        self.pending.clear()
+        self.gap = True
+        self.ready.set()
+
+    def take(self) -> tuple[bool, list[dict[str, Any]]]:
+        """(gap, events) since the last take; clears both."""
+        gap, events = self.gap, list(self.pending)
+        self.gap = False
+        self.pending.clear()
+        self.ready.clear()
+        return gap, events
+
+
+class LeaseEvents:
+    """Wakes the watchers of a task when its ownership changes."""
+
+    def __init__(self, dsn: str, ping_interval_s: float, connect_timeout_s: float) -> None:
+        self._dsn = dsn
+        self._ping_interval_s = ping_interval_s
+        self._connect_timeout_s = connect_timeout_s
+        self._watchers: defaultdict[TaskKey, set[asyncio.Event]] = defaultdict(set)
+        # By (namespace, task_id): task_id None for a whole namespace, both None for all.
+        self._subscribers: defaultdict[tuple[str | None, str | None], set[Subscription]] = (
+            defaultdict(set)
+        )
+        self._config_callbacks: list[Callable[[str], None]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+
+    async def start(self) -> None:
+        """Starts listening; returns once the first connection is up or has failed once."""
+        self._task = asyncio.create_task(self._run(), name="leasekeeper-events")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.connected.wait(), self._connect_timeout_s)
+
+    async def stop(self) -> None:
+        """Stops listening."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @contextlib.contextmanager
+    def watch(self, key: TaskKey) -> Iterator[asyncio.Event]:
+        """An event set whenever ``key``'s ownership may have changed; clear it after checking."""
+        event = asyncio.Event()
+        self._watchers[key].add(event)
+        try:
+            yield event
+        finally:
+            watchers = self._watchers.get(key)
+            if watchers is not None:
+                watchers.discard(event)
+                if not watchers:
+                    del self._watchers[key]
+
+    @contextlib.contextmanager
+    def subscribe(self, namespace: str | None, task_id: str | None) -> Iterator[Subscription]:
+        """The events of one task, of every task of a namespace (task_id None), or of all (both)."""
+        sub = Subscription()
+        topic = (namespace, task_id)
+        self._subscribers[topic].add(sub)
+        try:
+            yield sub
+        finally:
+            subs = self._subscribers.get(topic)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._subscribers[topic]
+
+    def on_config(self, callback: Callable[[str], None]) -> None:
+        """Calls ``callback(payload)`` on every config change ('tokens', 'limits', or '*').
+
+        '*' means "anything may have changed" (after the listening connection
+        came back). Callbacks run on the event loop and must not block.
+        """
+        self._config_callbacks.append(callback)
+
+    def _wake_all(self) -> None:
+        for events in self._watchers.values():
+            for event in events:
+                event.set()
+        for subs in self._subscribers.values():
+            for sub in subs:
+                sub.mark_gap()
+        self._config_changed("*")
+
+    def _config_changed(self, payload: str) -> None:
+        for callback in self._config_callbacks:
+            try:
+                callback(payload)
+            except Exception:  # one cache's bug must not silence the others
+                log.exception("config change callback failed")
+
+    def _on_config(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        self._config_changed(payload)
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            data = json.loads(payload)
+            key = TaskKey(data["namespace"], data["task_id"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignored a malformed %s notification", CHANNEL)
+            return
+        for event in self._watchers.get(key, ()):
+            event.set()
+        if "event" in data:
+            for topic in ((key.namespace, key.task_id), (key.namespace, None), (None, None)):
+                for sub in self._subscribers.get(topic, ()):
+                    sub.push(data)
+
+    async def _run(self) -> None:
+        backoff_s = 0.1
+        while True:
+            try:
+                await self._listen()
+            except asyncio.CancelledError:
+                raise
+            except _LISTEN_ERRORS as exc:
+                log.warning("lease notifications interrupted: %s", exc)
+            self.connected.clear()
+            self._wake_all()
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, 2.0)
+
+    async def _listen(self) -> None:
+        with translate_errors():
+            conn = await asyncpg.connect(
+                self._dsn,
+                timeout=self._connect_timeout_s,
+                server_settings={"application_name": f"{APPLICATION_NAME}-events"},
+            )
+        try:
+            await conn.add_listener(CHANNEL, self._on_notify)
+            await conn.add_listener(CONFIG_CHANNEL, self._on_config)
+            self.connected.set()
+            self._wake_all()  # anything may have happened while we were away
+            log.info("listening for lease notifications")
+            while not conn.is_closed():
+                await asyncio.sleep(self._ping_interval_s)
+                # A black-holed connection never reports itself closed: ask.
+                with translate_errors():
+                    await conn.fetchval("SELECT 1", timeout=self._connect_timeout_s)
+        finally:
+            conn.terminate()
+
+
+_LISTEN_ERRORS: tuple[type[BaseException], ...] = (
+    DatabaseUnavailable,
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+)

@@ -1,0 +1,412 @@
+-- Every statement the service runs at request time, as named blocks
+-- ("-- name: NAME" starts one). store.py loads this file once.
+--
+-- Each decision is one statement that reads the database clock itself with
+-- clock_timestamp(), never now(): now() is frozen at the start of the
+-- transaction, so a statement that waited on a row lock would judge with a
+-- stale instant. Reading clock_timestamp() is not enough on its own: a plain
+-- UPDATE evaluates its WHERE and SET when it scans the row, before it waits
+-- for the row lock, and re-evaluates them only if the locker changed the row
+-- (not if it merely locked it: SELECT ... FOR UPDATE, or a claim whose
+-- ON CONFLICT WHERE refused). INSERT ... ON CONFLICT DO UPDATE locks the row
+-- first and then evaluates its WHERE and SET, so a statement whose decision
+-- reads the clock uses that form: the clock it reads is the clock at the
+-- moment the row is decided.
+-- Every statement returns clock_timestamp() AS db_now, the instant the answer
+-- describes; remaining ttls are expire_time - db_now.
+
+-- name: claim
+-- Grants the lease when the task is new, FREE or EXPIRED, or HELD by this
+-- owner under another claim's request id ($6, not NULL: a new incarnation of
+-- the owner, which supersedes the earlier one); returns no row when it is HELD
+-- by another owner, HELD by this owner under request id $6 or with $6 NULL (a
+-- retry: store.py hands the same lease back), or COMPLETED. $4 ttl, $5 runtime
+-- budget, $6 request id (NULL for none; see migrations/0004_claim_request_id.sql),
+-- $7 the namespace's lock delay: an expired lease (never released) keeps its
+-- task unclaimable until expire_time + lock delay (zero for no delay).
+-- The new row's instants come from one reading of the clock (c.now), so a ttl
+-- clamped to the budget gives expire_time = runtime_deadline exactly, and an
+-- expiry at that instant is recognised as RUNTIME_EXCEEDED.
+-- The new fence is at least leasekeeper_fence_floor(), the floor of the
+-- database's timeline (migrations/0003_fence_timeline.sql): 1, 2, 3, ... on
+-- timeline 1, and above every fence of earlier timelines after a promotion,
+-- so grants lost in a failover to an asynchronous standby are never reissued.
+INSERT INTO leasekeeper_tasks AS t
+    (namespace, task_id, owner_id, fence, state,
+     expire_time, runtime_deadline, claim_time, update_time, end_reason, claim_request_id)
+SELECT $1::text, $2::text, $3::text, leasekeeper_fence_floor(), 'held',
+       c.now + least($4::interval, $5::interval), c.now + $5::interval,
+       c.now, c.now, NULL, $6::text
+FROM (SELECT clock_timestamp() AS now) c
+ON CONFLICT (namespace, task_id) DO UPDATE
+SET (owner_id, fence, state, expire_time, runtime_deadline, claim_time, update_time,
+     end_reason, claim_request_id, revoke_reason) =
+    (SELECT EXCLUDED.owner_id, greatest(t.fence + 1, leasekeeper_fence_floor()), 'held',
+            c.now + least($4::interval, $5::interval), c.now + $5::interval,
+            c.now, c.now, NULL, EXCLUDED.claim_request_id, NULL
+     FROM (SELECT clock_timestamp() AS now) c)
+WHERE t.state IN ('released', 'revoked')
+   OR (t.state = 'held' AND t.expire_time + $7::interval <= clock_timestamp())
+   OR (t.state = 'held' AND t.owner_id = $3::text
+       AND $6::text IS NOT NULL AND t.claim_request_id IS DISTINCT FROM $6::text)
+RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
+          t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
+          clock_timestamp() AS db_now;
+
+-- name: claim_many
+-- The claim statement above for a batch of claims of distinct tasks
+-- (batch.py): $1..$7 are arrays, one element per claim, of what the single
+-- claim takes as $1..$7. Each claim is decided as the single statement decides
+-- it: the new row's instants come from one reading of the clock per row, and
+-- ON CONFLICT locks each existing row before its WHERE and SET read the clock.
+-- Rows are taken in (namespace, task_id) order, so two batches (of two
+-- servers) lock rows in one order and never deadlock. Returns one row per
+-- granted claim; a claim without a row was refused (store.py reads the task to
+-- say why).
+WITH p AS MATERIALIZED (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::interval[], $5::interval[],
+                         $6::text[], $7::interval[])
+        AS p(namespace, task_id, owner_id, ttl, max_runtime, request_id, lock_delay)
+)
+INSERT INTO leasekeeper_tasks AS t
+    (namespace, task_id, owner_id, fence, state,
+     expire_time, runtime_deadline, claim_time, update_time, end_reason, claim_request_id)
+SELECT p.namespace, p.task_id, p.owner_id, leasekeeper_fence_floor(), 'held',
+       c.now + least(p.ttl, p.max_runtime), c.now + p.max_runtime,
+       c.now, c.now, NULL, p.request_id
+FROM p, (SELECT clock_timestamp() AS now) c
+ORDER BY p.namespace, p.task_id
+ON CONFLICT (namespace, task_id) DO UPDATE
+SET (owner_id, fence, state, expire_time, runtime_deadline, claim_time, update_time,
+     end_reason, claim_request_id, revoke_reason) =
+    (SELECT EXCLUDED.owner_id, greatest(t.fence + 1, leasekeeper_fence_floor()), 'held',
+            c.now + least(p.ttl, p.max_runtime), c.now + p.max_runtime,
+            c.now, c.now, NULL, EXCLUDED.claim_request_id, NULL
+     FROM p, (SELECT clock_timestamp() AS now) c
+     WHERE p.namespace = EXCLUDED.namespace AND p.task_id = EXCLUDED.task_id)
+WHERE t.state IN ('released', 'revoked')
+   OR (t.state = 'held'
+       AND t.expire_time + (SELECT p.lock_delay FROM p
+                            WHERE p.namespace = EXCLUDED.namespace
+                              AND p.task_id = EXCLUDED.task_id) <= clock_timestamp())
+   OR (t.state = 'held' AND t.owner_id = EXCLUDED.owner_id
+       AND EXCLUDED.claim_request_id IS NOT NULL
+       AND t.claim_request_id IS DISTINCT FROM EXCLUDED.claim_request_id)
+RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
+          t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
+          clock_timestamp() AS db_now;
+
+-- name: renew_many
+-- The renewal of a batch of leases of distinct tasks (batch.py): $1..$5 are
+-- arrays, one element per renewal, of namespace, task_id, owner_id, fence and
+-- ttl. Heartbeat streams and Renew calls arriving together become this one
+-- statement. Like the single renewal it was written as, an upsert that never
+-- inserts (see the top of this file): ON CONFLICT locks each row before its
+-- WHERE and SET read the clock, so no renewal revives a lease that expired
+-- while the statement waited for the row. (A plain UPDATE ... FROM unnest
+-- would judge a row it had to wait for with the clock read before the wait.)
+-- Rows are taken in (namespace, task_id) order (no deadlock between batches).
+-- Returns one row per renewed lease; a renewal without a row found no live
+-- lease of its owner and fence.
+WITH p AS MATERIALIZED (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::interval[])
+        AS p(namespace, task_id, owner_id, fence, ttl)
+)
+INSERT INTO leasekeeper_tasks AS t
+    (namespace, task_id, owner_id, fence, state,
+     expire_time, runtime_deadline, claim_time, update_time, end_reason)
+SELECT p.namespace, p.task_id, p.owner_id, p.fence, 'held',
+       clock_timestamp(), clock_timestamp(), clock_timestamp(), clock_timestamp(), NULL
+FROM p
+WHERE EXISTS (SELECT 1 FROM leasekeeper_tasks x
+              WHERE x.namespace = p.namespace AND x.task_id = p.task_id)
+ORDER BY p.namespace, p.task_id
+ON CONFLICT (namespace, task_id) DO UPDATE
+SET expire_time = least(clock_timestamp() + (SELECT p.ttl FROM p
+                                             WHERE p.namespace = EXCLUDED.namespace
+                                               AND p.task_id = EXCLUDED.task_id),
+                        t.runtime_deadline),
+    update_time = clock_timestamp()
+WHERE t.owner_id = EXCLUDED.owner_id AND t.fence = EXCLUDED.fence
+  AND t.state = 'held'
+  AND t.expire_time > clock_timestamp()
+  AND t.runtime_deadline > clock_timestamp()
+RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
+          t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
+          clock_timestamp() AS db_now;
+
+-- name: renew
+-- The single-lease form of renew_many: the service sends it for a renewal
+-- whose batch handed it back to run alone (a row lock, a refused batch); the
+-- benchmark's raw-driver reference runs it too.
+-- Extends a live lease of this owner and fence; never revives an expired one
+-- and never reaches past the runtime budget. $5 ttl.
+-- Written as an upsert that never inserts (see the top of this file): the row
+-- exists whenever the SELECT yields one (rows are never deleted), so the
+-- insert always conflicts, and the conflict path locks the row before it reads
+-- the clock. The inserted values only have to satisfy the table's checks.
+INSERT INTO leasekeeper_tasks AS t
+    (namespace, task_id, owner_id, fence, state,
+     expire_time, runtime_deadline, claim_time, update_time, end_reason)
+SELECT $1::text, $2::text, $3::text, $4::bigint, 'held',
+       clock_timestamp(), clock_timestamp(), clock_timestamp(), clock_timestamp(), NULL
+WHERE EXISTS (SELECT 1 FROM leasekeeper_tasks
+              WHERE namespace = $1::text AND task_id = $2::text)
+ON CONFLICT (namespace, task_id) DO UPDATE
+SET expire_time = least(clock_timestamp() + $5::interval, t.runtime_deadline),
+    update_time = clock_timestamp()
+WHERE t.owner_id = $3::text AND t.fence = $4::bigint
+  AND t.state = 'held'
+  AND t.expire_time > clock_timestamp()
+  AND t.runtime_deadline > clock_timestamp()
+RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
+          t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
+          clock_timestamp() AS db_now;
+
+-- name: release
+-- Ends the lease of this owner and fence, live or expired (the fence matching
+-- proves no newer grant exists). $5 true completes the task; a released lease
+-- of the same fence may still be completed by its owner.
+UPDATE leasekeeper_tasks
+SET state = CASE WHEN $5::boolean THEN 'completed' ELSE 'released' END,
+    end_reason = CASE WHEN $5::boolean THEN 'TASK_COMPLETED' ELSE 'LEASE_RELEASED' END,
+    expire_time = least(expire_time, clock_timestamp()),
+    update_time = clock_timestamp()
+WHERE namespace = $1::text AND task_id = $2::text
+  AND owner_id = $3::text AND fence = $4::bigint
+  AND (state = 'held' OR ($5::boolean AND state = 'released'))
+RETURNING namespace, task_id, owner_id, fence, state, expire_time,
+          runtime_deadline, claim_time, end_reason, claim_request_id,
+          clock_timestamp() AS db_now;
+
+-- name: get_leases
+-- The rows of a batch of tasks ($1 namespaces, $2 task_ids: arrays, one
+-- element per read; a task may be named twice), each with the database clock
+-- read with it: many reads (ValidateFence, GetLease, a refused claim's
+-- classification, a heartbeat's check) arriving together become this one
+-- statement. A task never claimed has no row.
+SELECT t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
+       t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id, t.revoke_reason,
+       clock_timestamp() AS db_now
+FROM (SELECT DISTINCT * FROM unnest($1::text[], $2::text[]) AS k(namespace, task_id)) k
+JOIN leasekeeper_tasks t ON t.namespace = k.namespace AND t.task_id = k.task_id;
+
+-- name: list_leases
+-- One page of a namespace's tasks after task_id $2 (keyset): of the next $6
+-- tasks by task_id (the scan's budget), those in derived state $4 ('FREE',
+-- 'HELD', 'EXPIRED', 'COMPLETED'; NULL: any) and of owner $5 (NULL: any), at
+-- most $3. A call reads at most $6 rows however rare its filter's matches
+-- are, so its cost never follows the namespace's size. Rows come with
+-- `matches` (false only for the last row read, returned so the next page can
+-- start after it) and `scanned` (rows read): a page with fewer than $3
+-- matches while scanned = $6 is short, not last; its next page starts after
+-- the last row read. The clock is read once, in a joined one-row subquery:
+-- as a column of a subquery over the table (before) it kept the subquery from
+-- being flattened, and ORDER BY ... LIMIT then sorted the whole namespace
+-- (a full table scan at 10^5 rows and above).
+SELECT s.namespace, s.task_id, s.owner_id, s.fence, s.state, s.expire_time,
+       s.runtime_deadline, s.claim_time, s.end_reason, s.claim_request_id, s.revoke_reason,
+       s.db_now, s.matches, s.scanned
+FROM (
+    SELECT t.*, c.db_now,
+           ($5::text IS NULL OR t.owner_id = $5::text)
+           AND ($4::text IS NULL OR $4::text = CASE
+                WHEN t.state = 'completed' THEN 'COMPLETED'
+                WHEN t.state <> 'held' THEN 'FREE'
+                WHEN t.expire_time > c.db_now THEN 'HELD'
+                ELSE 'EXPIRED' END) AS matches,
+           count(*) OVER () AS scanned,
+           row_number() OVER (ORDER BY t.task_id) AS n
+    FROM (SELECT clock_timestamp() AS db_now) c,
+         LATERAL (SELECT * FROM leasekeeper_tasks
+                  WHERE namespace = $1::text AND task_id > $2::text
+                  ORDER BY task_id
+                  LIMIT $6::int) t
+) s
+WHERE s.matches OR s.n = s.scanned
+ORDER BY s.task_id
+LIMIT $3::int;
+
+-- name: lock_lease
+-- Takes a share lock on the task's row, then reads the row and the clock.
+-- Claims, renewals and releases update the row, so they wait until the
+-- transaction ends. The lock is taken inside the MATERIALIZED CTE; the clock
+-- is read by the outer query only after the CTE has returned the locked row
+-- (in its newest version, if a committed update was waited for).
+WITH t AS MATERIALIZED (
+    SELECT namespace, task_id, owner_id, fence, state, expire_time,
+           runtime_deadline, claim_time, end_reason, claim_request_id
+    FROM leasekeeper_tasks
+    WHERE namespace = $1::text AND task_id = $2::text
+    FOR SHARE
+)
+SELECT t.*, clock_timestamp() AS db_now FROM t;
+
+-- name: insert_effect
+-- The first reservation of an effect; no row when the key already has one
+-- (after waiting for a concurrent first reservation to commit).
+INSERT INTO leasekeeper_effects
+    (namespace, task_id, effect_key, policy, request_digest, state, fence,
+     attempts, begin_time)
+VALUES ($1::text, $2::text, $3::text, $4::text, $5::bytea, 'reserved', $6::bigint,
+        1, clock_timestamp())
+ON CONFLICT (namespace, task_id, effect_key) DO NOTHING
+RETURNING *, (SELECT t.state = 'held' AND t.expire_time > clock_timestamp()
+                FROM leasekeeper_tasks t
+                WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
+
+-- name: lock_effect
+-- The effect's record, locked until the transaction ends. lease_live is read
+-- by the outer query, after the MATERIALIZED CTE has taken the lock.
+WITH e AS MATERIALIZED (
+    SELECT * FROM leasekeeper_effects
+    WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
+    FOR UPDATE
+)
+SELECT e.*, (SELECT t.state = 'held' AND t.expire_time > clock_timestamp()
+             FROM leasekeeper_tasks t
+             WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live
+FROM e;
+
+-- name: reserve_effect
+-- A new attempt over a locked record: for fence $5 with digest $4.
+UPDATE leasekeeper_effects
+SET state = 'reserved', fence = $5::bigint, request_digest = $4::bytea,
+    attempts = attempts + 1, begin_time = clock_timestamp(),
+    complete_fence = NULL, complete_time = NULL, retryable = false, result = ''::bytea
+WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
+RETURNING *, (SELECT t.state = 'held' AND t.expire_time > clock_timestamp()
+                FROM leasekeeper_tasks t
+                WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
+
+-- name: complete_effect
+-- Records the outcome $5 ('succeeded' or 'failed') over a locked record, by fence $4.
+UPDATE leasekeeper_effects
+SET state = $5::text, retryable = $6::boolean, result = $7::bytea,
+    complete_fence = $4::bigint, complete_time = clock_timestamp()
+WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
+RETURNING *, (SELECT t.state = 'held' AND t.expire_time > clock_timestamp()
+                FROM leasekeeper_tasks t
+                WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
+
+-- name: list_effects
+-- One page of a task's effects after effect_key $3 (keyset), optionally only
+-- those in state $5.
+SELECT * FROM leasekeeper_effects
+WHERE namespace = $1::text AND task_id = $2::text AND effect_key > $3::text
+  AND ($5::text IS NULL OR state = $5::text)
+ORDER BY effect_key
+LIMIT $4::int;
+
+-- name: revoke
+-- An operator ends the task's lease now (live or expired), whichever fence
+-- it has ($4 = 0) or only fence $4; $3 the reason. The task becomes FREE
+-- (state 'revoked', claimable at once: no lock delay) and keeps its fence, so
+-- the next claim gets fence + 1. No row when the task has no such lease.
+UPDATE leasekeeper_tasks
+SET state = 'revoked', end_reason = 'LEASE_REVOKED', revoke_reason = $3::text,
+    expire_time = least(expire_time, clock_timestamp()),
+    update_time = clock_timestamp()
+WHERE namespace = $1::text AND task_id = $2::text AND state = 'held'
+  AND ($4::bigint = 0 OR fence = $4::bigint)
+RETURNING namespace, task_id, owner_id, fence, state, expire_time,
+          runtime_deadline, claim_time, end_reason, claim_request_id, revoke_reason,
+          clock_timestamp() AS db_now;
+
+-- name: lock_limits
+-- A namespace's limits and claim bucket, locked until the claim's transaction
+-- ends: claims in a limited namespace take turns, so the live-lease count
+-- they check cannot be raced past. No row: the namespace has no limits.
+SELECT max_leases, claims_per_second,
+       coalesce(claim_burst, greatest(1.0, claims_per_second)) AS burst,
+       bucket_tokens, bucket_time, clock_timestamp() AS db_now
+FROM leasekeeper_namespace_limits
+WHERE namespace = $1::text
+FOR UPDATE;
+
+-- name: take_claim_token
+-- Stores the bucket after one claim took a token ($2 tokens left at $3).
+UPDATE leasekeeper_namespace_limits
+SET bucket_tokens = $2::double precision, bucket_time = $3::timestamptz
+WHERE namespace = $1::text;
+
+-- name: count_live_leases
+-- Live leases of namespace $1 other than task $2, counted up to $3 (the
+-- limit: the count stops there), and the earliest expire_time among them.
+-- Reads the index of unswept leases (migrations/0005_operations.sql) in
+-- order: an ordered scan that stops at the limit is the planner's cheapest
+-- path whatever it guesses of the index's size (unordered, a guess of many
+-- held rows made a sequential scan "stopping early" look cheaper). The cost
+-- follows the live leases, not the table.
+SELECT count(*) AS live, min(expire_time) AS first_expiry, clock_timestamp() AS db_now
+FROM (
+    SELECT expire_time FROM leasekeeper_tasks
+    WHERE namespace = $1::text AND task_id <> $2::text
+      AND state = 'held' AND expiry_announced_fence IS DISTINCT FROM fence
+      AND expire_time > clock_timestamp()
+    ORDER BY task_id
+    LIMIT $3::int
+) live;
+
+-- name: load_limits
+-- Every namespace's limits, for the servers' cache.
+SELECT namespace, max_leases, claims_per_second,
+       coalesce(claim_burst, greatest(1.0, claims_per_second)) AS burst, lock_delay
+FROM leasekeeper_namespace_limits;
+
+-- name: sweep_expired
+-- Announces expiries: marks up to $1 leases whose expire_time has passed and
+-- whose expiry was not yet announced, so the task trigger sends an 'expired'
+-- event for each, once. SKIP LOCKED: a row a claim or renewal is deciding is
+-- left for the next sweep. The leases are found through the index of unswept
+-- leases, in index order (an ordered scan with a LIMIT: the planner's
+-- cheapest path whatever it guesses), and updated by the row addresses the
+-- lock returned (ctid = ANY: a TID scan, never a join the planner could turn
+-- into a scan of the table). A row a concurrent transaction changed after
+-- this statement's snapshot is locked in its new version, which this UPDATE
+-- cannot see: it is left for the next sweep.
+UPDATE leasekeeper_tasks AS t
+SET expiry_announced_fence = t.fence
+WHERE t.ctid = ANY (ARRAY(
+    SELECT ctid FROM leasekeeper_tasks
+    WHERE state = 'held' AND expiry_announced_fence IS DISTINCT FROM fence
+      AND expire_time <= clock_timestamp()
+    ORDER BY namespace, task_id
+    LIMIT $1::int
+    FOR UPDATE SKIP LOCKED))
+RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.expire_time;
+
+-- name: held_by_namespace
+-- Live leases per namespace (for the leases_held gauge), from the index of
+-- unswept leases.
+SELECT namespace, count(*) AS held
+FROM leasekeeper_tasks
+WHERE state = 'held' AND expiry_announced_fence IS DISTINCT FROM fence
+  AND expire_time > clock_timestamp()
+GROUP BY namespace;
+
+-- name: page_token_key
+-- The key that signs page tokens (migrations/0007_page_token_key.sql); read
+-- once at server start.
+SELECT key FROM leasekeeper_page_token_key;
+
+-- name: ping
+-- The health check's probe, sent at every check (health.py). It takes the
+-- requests' path: a pooled connection, a prepared statement, and the write
+-- path of the tables calls write, so a database that answers reads but can
+-- decide nothing (a privilege taken, a read-only session or standby) fails it.
+-- It changes nothing: no row is selected, so no row trigger fires (there is
+-- no statement trigger on these tables), and it locks what a claim locks
+-- (RowExclusiveLock on the tables and their indexes). PostgreSQL checks the
+-- INSERT and UPDATE privileges and read-only transactions when the statement
+-- starts, row or no row.
+WITH tasks AS (
+    INSERT INTO leasekeeper_tasks SELECT * FROM leasekeeper_tasks WHERE false
+    ON CONFLICT (namespace, task_id) DO UPDATE SET fence = leasekeeper_tasks.fence
+    RETURNING 1
+), effects AS (
+    INSERT INTO leasekeeper_effects SELECT * FROM leasekeeper_effects WHERE false
+    ON CONFLICT (namespace, task_id, effect_key) DO UPDATE SET fence = leasekeeper_effects.fence
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM tasks) + (SELECT count(*) FROM effects) AS changed;
