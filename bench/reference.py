@@ -130,8 +130,15 @@ async def raw_claim(dsn: str, namespace: str) -> AsyncIterator[Op]:
 
         async def claim(worker: int, call: int) -> object:
             task_id = f"raw-{tag}-{worker}-{call}"
-            row = await pool.fetchrow(
-                sql, namespace, task_id, owner, TTL, MAX_RUNTIME, task_id, NO_LOCK_DELAY
+            row = await pool.fetchrow(  # a batch of one, as Store.claim sends a lone claim
+                sql,
+                [namespace],
+                [task_id],
+                [owner],
+                [TTL],
+                [MAX_RUNTIME],
+                [task_id],
+                [NO_LOCK_DELAY],
             )
             if row is None:
                 raise RuntimeError(f"task {task_id} not granted")

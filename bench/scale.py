@@ -382,14 +382,17 @@ async def probes(conn: asyncpg.Connection, namespace: str = "bench-scale") -> li
     renewals = _columns([(*lease_, TTL) for lease_ in leases])
     reads = _columns([(lease_[0], lease_[1]) for lease_ in leases])
     found = [
-        Probe("claim (new task)", "claim", new_claims[0], one),
-        Probe("claim (free task)", "claim", free_claims[0], one),
-        Probe("claim (held: refused)", "claim", (ns, task, "w", TTL, BUDGET, "r", NO_DELAY), one),
-        Probe("claim_many (1 new)", "claim_many", _columns(new_claims[:1]), one),
-        Probe(f"claim_many ({BATCH}: new and free)", "claim_many", claims, one, batched),
-        Probe("renew", "renew", (*lease, TTL), one),
-        Probe("renew_many (1)", "renew_many", _columns([(*lease, TTL)]), one),
-        Probe(f"renew_many ({BATCH})", "renew_many", renewals, one, batched),
+        Probe("claim (1 new task)", "claim", _columns(new_claims[:1]), one),
+        Probe("claim (1 free task)", "claim", _columns(free_claims[:1]), one),
+        Probe(
+            "claim (1 held: refused)",
+            "claim",
+            _columns([(ns, task, "w", TTL, BUDGET, "r", NO_DELAY)]),
+            one,
+        ),
+        Probe(f"claim ({BATCH}: new and free)", "claim", claims, one, batched),
+        Probe("renew (1)", "renew", _columns([(*lease, TTL)]), one),
+        Probe(f"renew ({BATCH})", "renew", renewals, one, batched),
         Probe("release", "release", (*lease, False), one),
         Probe("get_leases (1)", "get_leases", ([ns], [task]), one),
         Probe(f"get_leases ({BATCH})", "get_leases", reads, one, batched),
@@ -669,8 +672,8 @@ async def _pool(dsn: str, concurrency: int) -> AsyncIterator[asyncpg.Pool]:
 
 
 async def _run_all(pool: asyncpg.Pool, sql: str, calls: Sequence[tuple[Any, ...]]) -> int:
-    """Runs ``sql`` once per parameter tuple on the pool's connections; the rows returned."""
-    queue = list(reversed(calls))
+    """Runs batched statement ``sql`` once per call, as a batch of one; the rows returned."""
+    queue = [_columns([call]) for call in reversed(calls)]
 
     async def worker() -> int:
         returned = 0

@@ -202,7 +202,8 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
     import asyncpg
 
     from leasekeeper_server.app import resolve_database
-    from leasekeeper_server.storage.store import connection_settings, translate_errors
+    from leasekeeper_server.storage.driver_errors import translate_errors
+    from leasekeeper_server.storage.store import connection_settings
 
     session = {**connection_settings(settings), "application_name": "leasekeeper-cli"}
     try:

@@ -80,6 +80,15 @@ class TaskKey:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseRef:
+    """Names one lease: a task, its owner and its fence."""
+
+    key: TaskKey
+    owner_id: str
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     """A task's current lease: its row, together with the database instant it was read at.
 

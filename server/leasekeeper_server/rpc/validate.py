@@ -12,7 +12,6 @@ sizes at most 1000.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -29,22 +28,13 @@ from leasekeeper_server.core.effect_rules import (
     Outcome,
 )
 from leasekeeper_server.core.errors import InvalidArgument
-from leasekeeper_server.core.model import TaskKey, TaskState
+from leasekeeper_server.core.model import LeaseRef, TaskKey, TaskState
 from leasekeeper_server.rpc.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from leasekeeper_server.settings import Settings
 
 _MAX_DURATION_SECONDS = 315_576_000_000  # google.protobuf.Duration's own bound
 _NANOS_PER_SECOND = 1_000_000_000
 MAX_DIGEST_BYTES = 64  # room for SHA-512; SHA-256 is 32
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseRef:
-    """Names one lease: a task, its owner and its fence."""
-
-    key: TaskKey
-    owner_id: str
-    fence: int
 
 
 def identifier(field: str, value: str, max_bytes: int) -> str:

@@ -115,12 +115,26 @@ class Coalescer(Generic[Item, Result]):
                     if wait_s > 0:
                         await asyncio.sleep(wait_s)
                 batch, duplicates = self._take()
-                if batch:
-                    last_start = loop.time()
-                    try:
-                        await self._send(batch)
-                    finally:
-                        self._answer_duplicates(duplicates)
+                if not batch:
+                    continue
+                last_start = loop.time()
+                try:
+                    results = await self._run([item for item, _ in batch])
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                except BaseException:  # cancelled (shutdown): so are its callers
+                    for _, future in batch:
+                        future.cancel()
+                    raise
+                else:
+                    for (_, future), result in zip(batch, results, strict=True):
+                        if not future.done():
+                            future.set_result(result)
+                finally:
+                    self._answer_duplicates(duplicates)
         finally:
             self._drainer = None
 
@@ -158,19 +172,3 @@ class Coalescer(Generic[Item, Result]):
         for item, future in duplicates:
             if not future.done():
                 future.set_result(duplicate(item))
-
-    async def _send(self, batch: list[_Entry[Item, Result]]) -> None:
-        try:
-            results = await self._run([item for item, _ in batch])
-        except Exception as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        except BaseException:  # cancelled (shutdown): so are its callers
-            for _, future in batch:
-                future.cancel()
-            raise
-        for (_, future), result in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(result)

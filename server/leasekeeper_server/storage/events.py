@@ -33,9 +33,10 @@ from typing import Any
 
 import asyncpg
 
-from leasekeeper_server.core.errors import DatabaseUnavailable
 from leasekeeper_server.core.model import TaskKey
-from leasekeeper_server.storage.store import APPLICATION_NAME, translate_errors
+from leasekeeper_server.storage import driver_errors
+from leasekeeper_server.storage.driver_errors import translate_errors
+from leasekeeper_server.storage.store import APPLICATION_NAME
 
 log = logging.getLogger(__name__)
 
@@ -219,10 +220,4 @@ class LeaseEvents:
             conn.terminate()
 
 
-_LISTEN_ERRORS: tuple[type[BaseException], ...] = (
-    DatabaseUnavailable,
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-)
+_LISTEN_ERRORS = driver_errors.BACKGROUND

@@ -21,7 +21,7 @@ from pathlib import Path
 import asyncpg
 
 from leasekeeper_server.core.errors import DatabaseRefused
-from leasekeeper_server.storage.store import translate_errors
+from leasekeeper_server.storage.driver_errors import translate_errors
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 
 from leasekeeper_server.core.errors import DatabaseRefused
-from leasekeeper_server.storage.store import translate_errors
+from leasekeeper_server.storage.driver_errors import translate_errors
 
 PROBE_APPLICATION_NAME = "leasekeeper-pool-probe"
 

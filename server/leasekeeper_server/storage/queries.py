@@ -1,4 +1,12 @@
-"""Loads the named SQL blocks of ``sql/*.sql`` files, each once."""
+"""Loads the named SQL blocks of ``sql/*.sql`` files, each once.
+
+A file holds ``-- name: NAME`` blocks (statements) and ``-- fragment: NAME``
+blocks (text written once and shared). A statement says ``{{NAME}}`` where a
+fragment goes, or ``{{NAME:EXPR}}`` to put the expression EXPR where the
+fragment says ``@now`` (``clock_timestamp()`` when not given): a decision
+that several statements take, such as whether a lease is live, is written
+once.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +14,36 @@ import re
 from functools import cache
 from importlib import resources
 
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_BLOCK = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
+_USE = re.compile(r"\{\{(\w+)(?::([^}]+))?\}\}")
+_COMMENT = re.compile(r"^--.*\n", re.MULTILINE)
+DEFAULT_NOW = "clock_timestamp()"
 
 
 def parse(text: str) -> dict[str, str]:
-    """Splits a file of ``-- name: NAME`` blocks into {name: statement}."""
-    parts = _NAME.split(text)
-    blocks: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in blocks:
+    """Splits a file of blocks into {statement name: statement}, fragments put in place.
+
+    Raises:
+        ValueError: a name defined twice, or a fragment used but not defined.
+    """
+    parts = _BLOCK.split(text)
+    statements: dict[str, str] = {}
+    fragments: dict[str, str] = {}
+    for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+        if name in statements or name in fragments:
             raise ValueError(f"query {name!r} is defined twice")
-        blocks[name] = body.strip().rstrip(";")
-    return blocks
+        if kind == "fragment":
+            fragments[name] = " ".join(_COMMENT.sub("", body).split())
+        else:
+            statements[name] = body.strip().rstrip(";")
+
+    def put(match: re.Match[str]) -> str:
+        name, now = match.group(1), match.group(2)
+        if name not in fragments:
+            raise ValueError(f"fragment {name!r} is used but not defined")
+        return fragments[name].replace("@now", now or DEFAULT_NOW)
+
+    return {name: _USE.sub(put, sql) for name, sql in statements.items()}
 
 
 @cache

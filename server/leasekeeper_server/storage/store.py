@@ -1,22 +1,24 @@
-"""The module that talks to PostgreSQL (with ``ledger.py``, which borrows its transactions).
+"""The lease statements on PostgreSQL (with ``ledger.py``, which borrows its transactions).
 
 Each method runs one named statement from ``sql/queries.sql`` (and, to
 classify a statement that changed no row, at most one read). Every decision
 is taken by the statement itself on the database clock; this module adds no
-clock of its own. Driver errors are translated here, at one edge: a database
-that cannot be reached, refuses connections, is shutting down, does not
-answer within the statement timeout, or cannot run the service's statements
-(a privilege taken from the service's role, prepared statements lost to a
-pooler) becomes :class:`~leasekeeper_server.core.errors.DatabaseUnavailable`
-(UNAVAILABLE). The same edge tells ``outcomes`` how each request's use of the
-database ended: the health check decides from it (``health.py``).
+clock of its own. Claims, renewals and reads arriving together share one
+statement (``statements.BatchedStatement``); a Claim reaches its SQL in four
+frames below its handler (``Store.claim`` -> ``Coalescer.submit`` ->
+``Coalescer._drain`` -> ``BatchedStatement._run_batch``), a renewal the same.
+
+Driver errors leave as :class:`~leasekeeper_server.core.errors.DatabaseUnavailable`
+(UNAVAILABLE) or ``DatabaseRefused``, classified in ``driver_errors``. The
+same edge tells ``outcomes`` how each request's use of the database ended:
+the health check decides from it (``observability/health.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -24,7 +26,6 @@ import asyncpg
 
 from leasekeeper_server.core.errors import (
     ClaimRateLimit,
-    DatabaseRefused,
     DatabaseUnavailable,
     LeaseLimit,
     LeaseLost,
@@ -38,118 +39,35 @@ from leasekeeper_server.core.model import (
     ZERO,
     ClaimOutcome,
     Lease,
+    LeaseRef,
     LossReason,
     TaskKey,
     TaskState,
     owner_loss,
 )
-from leasekeeper_server.rpc.validate import LeaseRef
 from leasekeeper_server.settings import Settings
-from leasekeeper_server.storage import queries
-from leasekeeper_server.storage.batch import Coalescer
+from leasekeeper_server.storage import driver_errors, queries
+from leasekeeper_server.storage.driver_errors import translate_errors
 from leasekeeper_server.storage.outcomes import StatementOutcomes
+from leasekeeper_server.storage.statements import (
+    NOT_SENT,
+    RUN_ALONE,
+    BatchedStatement,
+    ClaimParams,
+    RenewParams,
+    Unsent,
+    arrays,
+)
 
 APPLICATION_NAME = "leasekeeper"
 
-# The answer to a claim left out of a batch that already claimed its task.
-NOT_SENT: Any = object()
-# The answer to each item of a batch that met a row lock or failed as a whole
-# (one bad item): run it on its own.
-RUN_ALONE: Any = object()
 # The longest a batched statement may run, seconds (see Store.open).
 BATCH_TIMEOUT_S = 1.5
-
-# Errors that mean "the database is out of reach or refused to work now";
-# the call may be retried. Anything else is a bug and surfaces as INTERNAL.
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,  # class 08
-    asyncpg.InterfaceError,  # connection closed underneath us
-    asyncpg.exceptions.OperatorInterventionError,  # class 57: cancel, shutdown, cannot connect now
-    asyncpg.exceptions.InsufficientResourcesError,  # class 53: too many connections, disk full
-    asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
-    asyncpg.exceptions.ReadOnlySQLTransactionError,  # a standby while a failover settles
-    # The driver lost track of the protocol ("cannot switch to state 12; another
-    # operation is in progress"): seen when PostgreSQL ends a session in the
-    # middle of an operation (a crash, a restart). The connection is dropped.
-    asyncpg.exceptions.InternalClientError,
-    # The database answers but cannot run the service's statements; no request
-    # is at fault, and the call may succeed later or on another replica:
-    asyncpg.exceptions.InsufficientPrivilegeError,  # 42501: the service's role lost a privilege
-    # 26000 and 42P05: a pooler in transaction mode ran a prepared statement on
-    # another session (pooling.py refuses one at start; a pool changed since).
-    asyncpg.exceptions.InvalidSQLStatementNameError,
-    asyncpg.exceptions.DuplicatePreparedStatementError,
-)
-
-
-# Errors that mean "the database refuses this connection for good": the role,
-# password, client address or database name (SQLSTATE classes 28 and 3D), or
-# parameters the driver cannot use. Checked before _UNAVAILABLE (the driver's
-# ClientConfigurationError is an InterfaceError): retrying cannot help.
-_REFUSED: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.InvalidAuthorizationSpecificationError,  # class 28
-    asyncpg.exceptions.InvalidCatalogNameError,  # 3D000: no such database
-    asyncpg.exceptions.ClientConfigurationError,
-)
-
-
-# What PostgreSQL answers while a connection opens when the URL carries a
-# setting it refuses (asyncpg sends the URL's unknown query parameters as
-# settings, e.g. ``?foo=bar``, ``?statement_timeout=abc``): for good, like
-# _REFUSED. Refused only while connecting (translate_errors(connecting=True));
-# raised by a statement later, the same errors are bugs (INTERNAL).
-_REFUSED_AT_CONNECT: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.UndefinedObjectError,  # 42704: unrecognized configuration parameter
-    asyncpg.exceptions.InvalidParameterValueError,  # 22023: invalid value for parameter
-    asyncpg.exceptions.CantChangeRuntimeParamError,  # 55P02: parameter cannot be changed
-)
-
-
-# The driver gave up on an answer (the connection may be black-holed) or lost
-# the protocol's state: the connection is dropped, never handed back to a pool.
-_DROP_CONNECTION: tuple[type[BaseException], ...] = (
-    TimeoutError,
-    asyncpg.exceptions.InternalClientError,
-)
 
 # The most tasks one ListLeases call reads, however rare its filter's matches.
 LIST_SCAN_BUDGET = 1000
 
-# A connection that died underneath (seen only when next used).
-_CONNECTION_LOST: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.ConnectionDoesNotExistError,
-)
-
-
-# Errors the database sends that say it is slow or going away, not that it
-# refuses the service's statements (Store.ping).
-_NOT_A_REFUSAL: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.QueryCanceledError,  # statement_timeout
-    asyncpg.exceptions.LockNotAvailableError,  # lock_timeout
-    asyncpg.exceptions.OperatorInterventionError,  # 57P0x: shutting down, starting up
-)
-
-
-@contextlib.contextmanager
-def translate_errors(*, connecting: bool = False) -> Iterator[None]:
-    """Turns driver and network errors into DatabaseUnavailable (DatabaseRefused: for good).
-
-    Args:
-        connecting: the block only opens connections (``asyncpg.connect``,
-            ``create_pool``): a setting of the URL PostgreSQL refuses is a
-            DatabaseRefused too.
-    """
-    refused = _REFUSED + _REFUSED_AT_CONNECT if connecting else _REFUSED
-    try:
-        yield
-    except refused as exc:
-        raise DatabaseRefused(f"cannot connect to the database: {exc}") from exc
-    except _UNAVAILABLE as exc:
-        raise DatabaseUnavailable(f"database unavailable: {type(exc).__name__}") from exc
+__all__ = ["APPLICATION_NAME", "Store", "connection_settings", "translate_errors"]
 
 
 def connection_settings(settings: Settings) -> dict[str, str]:
@@ -214,23 +132,23 @@ class Store:
         self._batch_pool = batch_pool
         self._settings = settings
         self._sql = queries.load()
-        # Calls arriving together share one statement (batch.py). A claim of a
-        # task already in the batch is answered NOT_SENT once the first has run
-        # (see claim()): contention for one task costs one statement per batch.
-        tick = settings.batch_tick_s
-        self._claims: Coalescer[tuple[Any, ...], Any] = Coalescer(
-            self._claim_batch, key=_task_of, duplicate=lambda _: NOT_SENT, tick_s=tick
-        )
-        self._renewals: Coalescer[tuple[Any, ...], Any] = Coalescer(
-            self._renew_batch, key=_task_of, tick_s=tick
-        )
-        self._reads: Coalescer[TaskKey, asyncpg.Record | None] = Coalescer(
-            self._read_batch, tick_s=tick
-        )
-        # Each kind of batch keeps a connection of the batch pool while it works
-        # (one batch of a kind is in flight at a time): no pool checkout per batch.
-        self._batch_conns: dict[str, asyncpg.Connection] = {}
         self.outcomes = StatementOutcomes()
+        # Calls arriving together share one statement (statements.py, batch.py).
+        # A claim of a task already in the batch is answered NOT_SENT once the
+        # first has run (see claim()): contention for one task costs one
+        # statement per batch. Each keeps a connection of the batch pool while
+        # it works (one batch of a kind is in flight at a time).
+        batched = {
+            "pool": batch_pool,
+            "connect_timeout_s": settings.connect_timeout_s,
+            "outcomes": self.outcomes,
+            "tick_s": settings.batch_tick_s,
+        }
+        self._claims = BatchedStatement("claim", self._sql, ClaimParams, not_sent=True, **batched)
+        self._renewals = BatchedStatement("renew", self._sql, RenewParams, **batched)
+        self._reads = BatchedStatement(
+            "get_leases", self._sql, TaskKey, distinct=False, alone_on_lock=False, **batched
+        )
 
     @classmethod
     async def open(
@@ -287,16 +205,12 @@ class Store:
 
     async def close(self) -> None:
         """Closes the pools, waiting for connections in use (bounded by the statement timeout)."""
-        for coalescer in (self._claims, self._renewals, self._reads):
-            await coalescer.close()
-        for conn in self._batch_conns.values():
-            with contextlib.suppress(asyncpg.InterfaceError):  # released by the driver on close
-                await self._batch_pool.release(conn)
-        self._batch_conns.clear()
+        for statement in (self._claims, self._renewals, self._reads):
+            await statement.close()
         for pool in (self._pool, self._batch_pool):
             try:
                 await asyncio.wait_for(pool.close(), self._settings.statement_timeout_s + 1.0)
-            except _UNAVAILABLE:  # includes TimeoutError
+            except driver_errors.UNAVAILABLE:  # includes TimeoutError
                 pool.terminate()
 
     @contextlib.contextmanager
@@ -311,7 +225,7 @@ class Store:
         try:
             yield
         except DatabaseUnavailable as exc:
-            if not isinstance(exc.__cause__, asyncpg.exceptions.LockNotAvailableError):
+            if not driver_errors.is_lock_timeout(exc):
                 self.outcomes.failure(exc)
             raise
         except LeaseServiceError:
@@ -333,55 +247,9 @@ class Store:
             async with self._pool.acquire(timeout=self._settings.connect_timeout_s) as conn:
                 try:
                     yield conn
-                except _DROP_CONNECTION:
+                except driver_errors.DROP_CONNECTION:
                     conn.terminate()
                     raise
-
-    async def _batch_fetch(self, kind: str, *args: Any) -> list[asyncpg.Record]:
-        """Runs batch statement ``kind`` on the connection kept for it.
-
-        A kept connection may have died while idle (a database restart, a cut
-        link) without the driver knowing yet: if it fails with a lost
-        connection, the batch pool's connections are all replaced and the
-        statement is sent once more on a new one. That is safe for every
-        batch statement: a read; a renewal (renewing again only sets the same
-        expiry); a claim (each carries its request id, so a claim that did
-        commit finds its own lease the second time).
-
-        Raises:
-            DatabaseUnavailable: the database cannot be reached (or refused).
-        """
-        with self._outcome():
-            return await self._fetch_kept(kind, self._sql[kind], *args)
-
-    async def _fetch_kept(self, kind: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-        """``_batch_fetch`` without the outcome: one try, and one more on a new connection."""
-        for attempt in (1, 2):
-            kept = self._batch_conns.pop(kind, None)
-            with translate_errors():
-                conn = kept if kept is not None and _usable(kept) else None
-                if conn is None:
-                    conn = await self._batch_pool.acquire(timeout=self._settings.connect_timeout_s)
-                try:
-                    rows: list[asyncpg.Record] = await conn.fetch(sql, *args)
-                except BaseException as exc:
-                    if isinstance(exc, _DROP_CONNECTION):
-                        conn.terminate()
-                    with contextlib.suppress(asyncpg.InterfaceError):  # the driver did already
-                        await self._batch_pool.release(conn)
-                    if (
-                        attempt == 1
-                        and conn is kept
-                        and isinstance(exc, _CONNECTION_LOST)
-                        and not isinstance(exc, TimeoutError)  # sent, and no answer: unknown
-                    ):
-                        # Its siblings in the pool likely died with it: replace them all.
-                        await self._batch_pool.expire_connections()
-                        continue
-                    raise
-            self._batch_conns[kind] = conn
-            return rows
-        raise AssertionError("unreachable")
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -429,7 +297,7 @@ class Store:
             try:
                 await conn.fetchrow(self._sql["ping"])
             except asyncpg.PostgresError as exc:
-                if isinstance(exc, _NOT_A_REFUSAL):
+                if isinstance(exc, driver_errors.NOT_A_REFUSAL):
                     raise
                 raise StatementsRefused(
                     f"database refuses the service's statements: {type(exc).__name__}: {exc}"
@@ -452,58 +320,18 @@ class Store:
         Reads arriving together share one statement (``get_leases``).
         """
         row = await self._reads.submit(key)
+        assert not isinstance(row, Unsent)  # reads are never left unsent nor sent alone
         return lease_from_row(row) if row is not None else None
 
-    async def _read_batch(self, keys: Sequence[TaskKey]) -> list[asyncpg.Record | None]:
-        rows = await self._batch_fetch(
-            "get_leases", [k.namespace for k in keys], [k.task_id for k in keys]
-        )
-        return _rows_by_task(rows, [(k.namespace, k.task_id) for k in keys])
+    async def alone(self, statement: BatchedStatement[Any], params: Any) -> asyncpg.Record | None:
+        """``params``' row from ``statement``, sent alone (a batch of one) on a request connection.
 
-    async def _claim_batch(self, claims: Sequence[tuple[Any, ...]]) -> list[asyncpg.Record | None]:
-        return await self._batch("claim_many", claims)
-
-    async def _renew_batch(
-        self, renewals: Sequence[tuple[Any, ...]]
-    ) -> list[asyncpg.Record | None]:
-        return await self._batch("renew_many", renewals)
-
-    async def _batched(
-        self, coalescer: Coalescer[tuple[Any, ...], Any], single: str, args: tuple[Any, ...]
-    ) -> Any:
-        """The row for ``args``, sent with the calls of its batch.
-
-        Sent alone, as statement ``single``, when the batch met a row lock or
-        failed as a whole (RUN_ALONE); NOT_SENT passes through.
+        For a call its batch answered RUN_ALONE: it waits for a row lock as
+        long as a single call may (the request pool's lock timeout).
         """
-        row = await coalescer.submit(args)
-        if row is RUN_ALONE:
-            row = await self._fetchrow(single, *args)
-        return row
-
-    async def _batch(
-        self, name: str, items: Sequence[tuple[Any, ...]]
-    ) -> list[asyncpg.Record | None]:
-        """Runs statement ``name`` over argument tuples of distinct tasks (one array per position).
-
-        Returns the row of each item's task, or None where the statement returned none;
-        RUN_ALONE for every item when the statement waited too long for a row lock or
-        the database refused the batch as a whole.
-        """
-        columns = [list(column) for column in zip(*items, strict=True)]
-        try:
-            rows = await self._batch_fetch(name, *columns)
-        except DatabaseUnavailable as exc:
-            if isinstance(exc.__cause__, asyncpg.exceptions.LockNotAvailableError):
-                return [RUN_ALONE] * len(items)
-            raise
-        except asyncpg.PostgresError:
-            # The statement refused one item (e.g. a value past a limit): each
-            # runs alone, so only that item's caller sees the error.
-            if len(items) == 1:
-                raise
-            return [RUN_ALONE] * len(items)
-        return _rows_by_task(rows, [_task_of(item) for item in items])
+        async with self._connection() as conn:
+            rows = await conn.fetch(statement.sql, *arrays(statement.params, [params]))
+        return rows[0] if rows else None
 
     async def claim(
         self,
@@ -547,8 +375,10 @@ class Store:
                 (RESOURCE_EXHAUSTED; nothing changed).
             DatabaseUnavailable: UNAVAILABLE.
         """
-        args = (key.namespace, key.task_id, owner_id, ttl, max_runtime, request_id)
         delay = limits.lock_delay
+        params = ClaimParams(
+            key.namespace, key.task_id, owner_id, ttl, max_runtime, request_id, delay
+        )
         # Claims in namespaces without a lease or rate limit arriving together
         # share one statement (claim_many); limited ones run in a transaction each.
         # A read after a failed claim can find the task freed in between; the
@@ -560,10 +390,12 @@ class Store:
         tries = 0
         while tries < 8:
             if limits.needs_lock:
-                row = await self._limited_claim(key, args, delay, take_token)
+                row = await self._limited_claim(params, take_token)
                 take_token = False  # one token per Claim call, however often it is tried
             else:
-                row = await self._batched(self._claims, "claim", (*args, delay))
+                row = await self._claims.submit(params)
+                if row is RUN_ALONE:
+                    row = await self.alone(self._claims, params)
             sent = row is not NOT_SENT
             tries += sent
             if row is not None and sent:
@@ -584,9 +416,7 @@ class Store:
                 return ClaimOutcome(False, task, task.expire_time + delay - task.db_now)
         raise DatabaseUnavailable("claim did not settle; try again")
 
-    async def _limited_claim(
-        self, key: TaskKey, args: tuple[Any, ...], delay: timedelta, take_token: bool
-    ) -> asyncpg.Record | None:
+    async def _limited_claim(self, params: ClaimParams, take_token: bool) -> asyncpg.Record | None:
         """The claim statement inside one transaction holding the namespace's limits row.
 
         Claims of one limited namespace take turns on that row, so the live
@@ -595,9 +425,9 @@ class Store:
         whole transaction back: nothing changes.
         """
         async with self.transaction() as conn:
-            limit = await conn.fetchrow(self._sql["lock_limits"], key.namespace)
+            limit = await conn.fetchrow(self._sql["lock_limits"], params.namespace)
             if limit is None:  # the limits were removed since the cache was loaded
-                return await conn.fetchrow(self._sql["claim"], *args, delay)
+                return await conn.fetchrow(self._claims.sql, *arrays(ClaimParams, [params]))
             rate = limit["claims_per_second"]
             if rate is not None and take_token:
                 bucket = refill(
@@ -609,26 +439,26 @@ class Store:
                 )
                 if bucket.tokens < 1.0:
                     raise ClaimRateLimit(
-                        key.namespace,
+                        params.namespace,
                         wait_for_token_s(bucket, rate),
-                        f"namespace {key.namespace!r} is limited to {rate:g} claims per second",
+                        f"namespace {params.namespace!r} is limited to {rate:g} claims per second",
                     )
                 await conn.execute(
-                    self._sql["take_claim_token"], key.namespace, bucket.tokens - 1.0, bucket.at
+                    self._sql["take_claim_token"], params.namespace, bucket.tokens - 1.0, bucket.at
                 )
-            row = await conn.fetchrow(self._sql["claim"], *args, delay)
+            row = await conn.fetchrow(self._claims.sql, *arrays(ClaimParams, [params]))
             max_leases = limit["max_leases"]
             if row is not None and max_leases is not None:
                 live = await conn.fetchrow(
-                    self._sql["count_live_leases"], key.namespace, key.task_id, max_leases
+                    self._sql["count_live_leases"], params.namespace, params.task_id, max_leases
                 )
                 if live["live"] >= max_leases:
                     first = live["first_expiry"]
                     wait = (first - live["db_now"]).total_seconds() if first else 0.0
                     raise LeaseLimit(
-                        key.namespace,
+                        params.namespace,
                         max(0.0, wait),
-                        f"namespace {key.namespace!r} holds its maximum of "
+                        f"namespace {params.namespace!r} holds its maximum of "
                         f"{max_leases} live leases",
                     )
             return row
@@ -643,8 +473,11 @@ class Store:
             LeaseLost: (ABORTED) with the reason the lease is not live.
             DatabaseUnavailable: UNAVAILABLE.
         """
-        args = (ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, ttl)
-        row = await self._batched(self._renewals, "renew", args)
+        params = RenewParams(ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, ttl)
+        row = await self._renewals.submit(params)
+        if row is RUN_ALONE:
+            row = await self.alone(self._renewals, params)
+        assert not isinstance(row, Unsent)  # only claims are left unsent
         if row is not None:
             return lease_from_row(row)
         raise await self._loss(ref)
@@ -753,31 +586,6 @@ class Store:
             )
             for r in rows
         }
-
-
-def _usable(conn: asyncpg.Connection) -> bool:
-    """False for a kept pool connection that closed while idle.
-
-    The driver hands a pooled connection that closes back to its pool by
-    itself; the kept proxy then refuses every call, ``is_closed`` included.
-    """
-    try:
-        return not conn.is_closed()
-    except asyncpg.InterfaceError:
-        return False
-
-
-def _rows_by_task(
-    rows: Sequence[asyncpg.Record], tasks: Sequence[tuple[str, str]]
-) -> list[asyncpg.Record | None]:
-    """For each (namespace, task_id), its row among ``rows`` (a batch's answer), or None."""
-    found = {(r["namespace"], r["task_id"]): r for r in rows}
-    return [found.get(task) for task in tasks]
-
-
-def _task_of(args: tuple[Any, ...]) -> tuple[str, str]:
-    """(namespace, task_id): the first two arguments of a claim or a renewal."""
-    return args[0], args[1]
 
 
 def _lost(task: Lease | None, reason: LossReason) -> LeaseLost:

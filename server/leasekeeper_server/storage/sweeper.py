@@ -38,17 +38,13 @@ from collections import Counter
 
 import asyncpg
 
-from leasekeeper_server.core.errors import DatabaseUnavailable
 from leasekeeper_server.observability.audit import Audit
 from leasekeeper_server.observability.metrics import Metrics
 from leasekeeper_server.settings import Settings
+from leasekeeper_server.storage import driver_errors
+from leasekeeper_server.storage.driver_errors import translate_errors
 from leasekeeper_server.storage.events import LeaseEvents
-from leasekeeper_server.storage.store import (
-    APPLICATION_NAME,
-    Store,
-    connection_settings,
-    translate_errors,
-)
+from leasekeeper_server.storage.store import APPLICATION_NAME, Store, connection_settings
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +54,7 @@ SWEEPER_LOCK_ID = 0x1EA5E_5EE9
 SWEEP_BATCH = 1000
 HELD_EVERY_SWEEPS = 5
 
-_ERRORS: tuple[type[BaseException], ...] = (
-    DatabaseUnavailable,
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-)
+_ERRORS = driver_errors.BACKGROUND
 
 
 class ExpirySweeper:

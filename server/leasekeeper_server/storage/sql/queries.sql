@@ -1,5 +1,7 @@
 -- Every statement the service runs at request time, as named blocks
--- ("-- name: NAME" starts one). store.py loads this file once.
+-- ("-- name: NAME" starts one). storage/queries.py loads this file once, and
+-- puts each "-- fragment: NAME" block where a statement says {{NAME}}
+-- ({{NAME:EXPR}} also puts EXPR where the fragment says @now).
 --
 -- Each decision is one statement that reads the database clock itself with
 -- clock_timestamp(), never now(): now() is frozen at the start of the
@@ -15,54 +17,42 @@
 -- Every statement returns clock_timestamp() AS db_now, the instant the answer
 -- describes; remaining ttls are expire_time - db_now.
 
+-- fragment: lease_is_live
+-- Whether the row aliased t holds a live lease at instant @now (by default
+-- clock_timestamp(); a statement that read the clock once passes its reading):
+-- the one rule, written once, that every statement here judges liveness by.
+-- core/model.py applies the same rule to a row and its db_now.
+(t.state = 'held' AND t.expire_time > @now)
+
+-- fragment: lease_columns
+-- A lease as every statement returns it (storage/store.py lease_from_row), from
+-- the row aliased t; statements add clock_timestamp() AS db_now after it.
+t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time, t.runtime_deadline,
+t.claim_time, t.end_reason, t.claim_request_id, t.revoke_reason
+
 -- name: claim
--- Grants the lease when the task is new, FREE or EXPIRED, or HELD by this
--- owner under another claim's request id ($6, not NULL: a new incarnation of
--- the owner, which supersedes the earlier one); returns no row when it is HELD
--- by another owner, HELD by this owner under request id $6 or with $6 NULL (a
--- retry: store.py hands the same lease back), or COMPLETED. $4 ttl, $5 runtime
--- budget, $6 request id (NULL for none; see migrations/0004_claim_request_id.sql),
--- $7 the namespace's lock delay: an expired lease (never released) keeps its
--- task unclaimable until expire_time + lock delay (zero for no delay).
--- The new row's instants come from one reading of the clock (c.now), so a ttl
--- clamped to the budget gives expire_time = runtime_deadline exactly, and an
--- expiry at that instant is recognised as RUNTIME_EXCEEDED.
+-- Grants the lease of each claim of a batch (storage/statements.py ClaimParams;
+-- a single claim is a batch of one). Parameters are arrays, one element per
+-- claim of a distinct task, named by the unnest below. A claim is granted when
+-- its task is new, FREE or EXPIRED past its namespace's lock delay (an expired
+-- lease, never released, keeps its task unclaimable until expire_time + lock
+-- delay; zero for none), or HELD by the claiming owner under another request
+-- id (not NULL: a new incarnation of the owner, which supersedes the earlier
+-- one). No row for a claim refused: HELD by another owner, HELD by this owner
+-- under the same request id or with none (a retry: store.py hands the same
+-- lease back), or COMPLETED (store.py reads the task to say which).
+-- Each claim is decided as if alone: the new row's instants come from one
+-- reading of the clock per row (c.now), so a ttl clamped to the runtime budget
+-- gives expire_time = runtime_deadline exactly, and an expiry at that instant
+-- is recognised as RUNTIME_EXCEEDED; ON CONFLICT locks each existing row before
+-- its WHERE and SET read the clock. Rows are taken in (namespace, task_id)
+-- order, so two batches (of two servers) lock rows in one order and never
+-- deadlock.
 -- The new fence is at least leasekeeper_fence_floor(), the floor of the
 -- database's timeline (migrations/0003_fence_timeline.sql): 1, 2, 3, ... on
 -- timeline 1, and above every fence of earlier timelines after a promotion,
 -- so grants lost in a failover to an asynchronous standby are never reissued.
-INSERT INTO leasekeeper_tasks AS t
-    (namespace, task_id, owner_id, fence, state,
-     expire_time, runtime_deadline, claim_time, update_time, end_reason, claim_request_id)
-SELECT $1::text, $2::text, $3::text, leasekeeper_fence_floor(), 'held',
-       c.now + least($4::interval, $5::interval), c.now + $5::interval,
-       c.now, c.now, NULL, $6::text
-FROM (SELECT clock_timestamp() AS now) c
-ON CONFLICT (namespace, task_id) DO UPDATE
-SET (owner_id, fence, state, expire_time, runtime_deadline, claim_time, update_time,
-     end_reason, claim_request_id, revoke_reason) =
-    (SELECT EXCLUDED.owner_id, greatest(t.fence + 1, leasekeeper_fence_floor()), 'held',
-            c.now + least($4::interval, $5::interval), c.now + $5::interval,
-            c.now, c.now, NULL, EXCLUDED.claim_request_id, NULL
-     FROM (SELECT clock_timestamp() AS now) c)
-WHERE t.state IN ('released', 'revoked')
-   OR (t.state = 'held' AND t.expire_time + $7::interval <= clock_timestamp())
-   OR (t.state = 'held' AND t.owner_id = $3::text
-       AND $6::text IS NOT NULL AND t.claim_request_id IS DISTINCT FROM $6::text)
-RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
-          t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
-          clock_timestamp() AS db_now;
-
--- name: claim_many
--- The claim statement above for a batch of claims of distinct tasks
--- (batch.py): $1..$7 are arrays, one element per claim, of what the single
--- claim takes as $1..$7. Each claim is decided as the single statement decides
--- it: the new row's instants come from one reading of the clock per row, and
--- ON CONFLICT locks each existing row before its WHERE and SET read the clock.
--- Rows are taken in (namespace, task_id) order, so two batches (of two
--- servers) lock rows in one order and never deadlock. Returns one row per
--- granted claim; a claim without a row was refused (store.py reads the task to
--- say why).
+-- request_id: see migrations/0004_claim_request_id.sql.
 WITH p AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::interval[], $5::interval[],
                          $6::text[], $7::interval[])
@@ -92,22 +82,24 @@ WHERE t.state IN ('released', 'revoked')
    OR (t.state = 'held' AND t.owner_id = EXCLUDED.owner_id
        AND EXCLUDED.claim_request_id IS NOT NULL
        AND t.claim_request_id IS DISTINCT FROM EXCLUDED.claim_request_id)
-RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
-          t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
-          clock_timestamp() AS db_now;
+RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
 
--- name: renew_many
--- The renewal of a batch of leases of distinct tasks (batch.py): $1..$5 are
--- arrays, one element per renewal, of namespace, task_id, owner_id, fence and
--- ttl. Heartbeat streams and Renew calls arriving together become this one
--- statement. Like the single renewal it was written as, an upsert that never
--- inserts (see the top of this file): ON CONFLICT locks each row before its
--- WHERE and SET read the clock, so no renewal revives a lease that expired
--- while the statement waited for the row. (A plain UPDATE ... FROM unnest
--- would judge a row it had to wait for with the clock read before the wait.)
--- Rows are taken in (namespace, task_id) order (no deadlock between batches).
--- Returns one row per renewed lease; a renewal without a row found no live
--- lease of its owner and fence.
+-- name: renew
+-- The renewal of a batch of leases (storage/statements.py RenewParams; a
+-- single renewal is a batch of one): arrays, one element per renewal of a
+-- distinct task. Heartbeat beats and Renew calls arriving together become this
+-- one statement. Extends only a live lease of this owner and fence, to
+-- least(clock + ttl, runtime deadline); never revives an expired one.
+-- Written as an upsert that never inserts (see the top of this file): a row
+-- exists whenever the SELECT yields one (rows are never deleted), so the
+-- insert always conflicts, and ON CONFLICT locks each row before its WHERE and
+-- SET read the clock, so no renewal revives a lease that expired while the
+-- statement waited for the row (a plain UPDATE ... FROM unnest would judge a
+-- row it had to wait for with the clock read before the wait). The inserted
+-- values only have to satisfy the table's checks. Rows are taken in
+-- (namespace, task_id) order (no deadlock between batches). Returns one row
+-- per renewed lease; a renewal without a row found no live lease of its owner
+-- and fence.
 WITH p AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::interval[])
         AS p(namespace, task_id, owner_id, fence, ttl)
@@ -128,66 +120,31 @@ SET expire_time = least(clock_timestamp() + (SELECT p.ttl FROM p
                         t.runtime_deadline),
     update_time = clock_timestamp()
 WHERE t.owner_id = EXCLUDED.owner_id AND t.fence = EXCLUDED.fence
-  AND t.state = 'held'
-  AND t.expire_time > clock_timestamp()
+  AND {{lease_is_live}}
   AND t.runtime_deadline > clock_timestamp()
-RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
-          t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
-          clock_timestamp() AS db_now;
-
--- name: renew
--- The single-lease form of renew_many: the service sends it for a renewal
--- whose batch handed it back to run alone (a row lock, a refused batch); the
--- benchmark's raw-driver reference runs it too.
--- Extends a live lease of this owner and fence; never revives an expired one
--- and never reaches past the runtime budget. $5 ttl.
--- Written as an upsert that never inserts (see the top of this file): the row
--- exists whenever the SELECT yields one (rows are never deleted), so the
--- insert always conflicts, and the conflict path locks the row before it reads
--- the clock. The inserted values only have to satisfy the table's checks.
-INSERT INTO leasekeeper_tasks AS t
-    (namespace, task_id, owner_id, fence, state,
-     expire_time, runtime_deadline, claim_time, update_time, end_reason)
-SELECT $1::text, $2::text, $3::text, $4::bigint, 'held',
-       clock_timestamp(), clock_timestamp(), clock_timestamp(), clock_timestamp(), NULL
-WHERE EXISTS (SELECT 1 FROM leasekeeper_tasks
-              WHERE namespace = $1::text AND task_id = $2::text)
-ON CONFLICT (namespace, task_id) DO UPDATE
-SET expire_time = least(clock_timestamp() + $5::interval, t.runtime_deadline),
-    update_time = clock_timestamp()
-WHERE t.owner_id = $3::text AND t.fence = $4::bigint
-  AND t.state = 'held'
-  AND t.expire_time > clock_timestamp()
-  AND t.runtime_deadline > clock_timestamp()
-RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
-          t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id,
-          clock_timestamp() AS db_now;
+RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
 
 -- name: release
 -- Ends the lease of this owner and fence, live or expired (the fence matching
 -- proves no newer grant exists). $5 true completes the task; a released lease
 -- of the same fence may still be completed by its owner.
-UPDATE leasekeeper_tasks
+UPDATE leasekeeper_tasks AS t
 SET state = CASE WHEN $5::boolean THEN 'completed' ELSE 'released' END,
     end_reason = CASE WHEN $5::boolean THEN 'TASK_COMPLETED' ELSE 'LEASE_RELEASED' END,
-    expire_time = least(expire_time, clock_timestamp()),
+    expire_time = least(t.expire_time, clock_timestamp()),
     update_time = clock_timestamp()
-WHERE namespace = $1::text AND task_id = $2::text
-  AND owner_id = $3::text AND fence = $4::bigint
-  AND (state = 'held' OR ($5::boolean AND state = 'released'))
-RETURNING namespace, task_id, owner_id, fence, state, expire_time,
-          runtime_deadline, claim_time, end_reason, claim_request_id,
-          clock_timestamp() AS db_now;
+WHERE t.namespace = $1::text AND t.task_id = $2::text
+  AND t.owner_id = $3::text AND t.fence = $4::bigint
+  AND (t.state = 'held' OR ($5::boolean AND t.state = 'released'))
+RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
 
 -- name: get_leases
 -- The rows of a batch of tasks ($1 namespaces, $2 task_ids: arrays, one
--- element per read; a task may be named twice), each with the database clock
--- read with it: many reads (ValidateFence, GetLease, a refused claim's
--- classification, a heartbeat's check) arriving together become this one
--- statement. A task never claimed has no row.
-SELECT t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time,
-       t.runtime_deadline, t.claim_time, t.end_reason, t.claim_request_id, t.revoke_reason,
-       clock_timestamp() AS db_now
+-- element per read, named by the unnest below; a task may be named twice),
+-- each with the database clock read with it: many reads (ValidateFence,
+-- GetLease, a refused claim's classification, a heartbeat's check) arriving
+-- together become this one statement. A task never claimed has no row.
+SELECT {{lease_columns}}, clock_timestamp() AS db_now
 FROM (SELECT DISTINCT * FROM unnest($1::text[], $2::text[]) AS k(namespace, task_id)) k
 JOIN leasekeeper_tasks t ON t.namespace = k.namespace AND t.task_id = k.task_id;
 
@@ -204,16 +161,14 @@ JOIN leasekeeper_tasks t ON t.namespace = k.namespace AND t.task_id = k.task_id;
 -- as a column of a subquery over the table (before) it kept the subquery from
 -- being flattened, and ORDER BY ... LIMIT then sorted the whole namespace
 -- (a full table scan at 10^5 rows and above).
-SELECT s.namespace, s.task_id, s.owner_id, s.fence, s.state, s.expire_time,
-       s.runtime_deadline, s.claim_time, s.end_reason, s.claim_request_id, s.revoke_reason,
-       s.db_now, s.matches, s.scanned
+SELECT {{lease_columns}}, t.db_now, t.matches, t.scanned
 FROM (
     SELECT t.*, c.db_now,
            ($5::text IS NULL OR t.owner_id = $5::text)
            AND ($4::text IS NULL OR $4::text = CASE
                 WHEN t.state = 'completed' THEN 'COMPLETED'
                 WHEN t.state <> 'held' THEN 'FREE'
-                WHEN t.expire_time > c.db_now THEN 'HELD'
+                WHEN {{lease_is_live:c.db_now}} THEN 'HELD'
                 ELSE 'EXPIRED' END) AS matches,
            count(*) OVER () AS scanned,
            row_number() OVER (ORDER BY t.task_id) AS n
@@ -222,9 +177,9 @@ FROM (
                   WHERE namespace = $1::text AND task_id > $2::text
                   ORDER BY task_id
                   LIMIT $6::int) t
-) s
-WHERE s.matches OR s.n = s.scanned
-ORDER BY s.task_id
+) t
+WHERE t.matches OR t.n = t.scanned
+ORDER BY t.task_id
 LIMIT $3::int;
 
 -- name: lock_lease
@@ -251,7 +206,7 @@ INSERT INTO leasekeeper_effects
 VALUES ($1::text, $2::text, $3::text, $4::text, $5::bytea, 'reserved', $6::bigint,
         1, clock_timestamp())
 ON CONFLICT (namespace, task_id, effect_key) DO NOTHING
-RETURNING *, (SELECT t.state = 'held' AND t.expire_time > clock_timestamp()
+RETURNING *, (SELECT {{lease_is_live}}
                 FROM leasekeeper_tasks t
                 WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
 
@@ -263,7 +218,7 @@ WITH e AS MATERIALIZED (
     WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
     FOR UPDATE
 )
-SELECT e.*, (SELECT t.state = 'held' AND t.expire_time > clock_timestamp()
+SELECT e.*, (SELECT {{lease_is_live}}
              FROM leasekeeper_tasks t
              WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live
 FROM e;
@@ -275,7 +230,7 @@ SET state = 'reserved', fence = $5::bigint, request_digest = $4::bytea,
     attempts = attempts + 1, begin_time = clock_timestamp(),
     complete_fence = NULL, complete_time = NULL, retryable = false, result = ''::bytea
 WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
-RETURNING *, (SELECT t.state = 'held' AND t.expire_time > clock_timestamp()
+RETURNING *, (SELECT {{lease_is_live}}
                 FROM leasekeeper_tasks t
                 WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
 
@@ -285,7 +240,7 @@ UPDATE leasekeeper_effects
 SET state = $5::text, retryable = $6::boolean, result = $7::bytea,
     complete_fence = $4::bigint, complete_time = clock_timestamp()
 WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
-RETURNING *, (SELECT t.state = 'held' AND t.expire_time > clock_timestamp()
+RETURNING *, (SELECT {{lease_is_live}}
                 FROM leasekeeper_tasks t
                 WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
 
@@ -303,15 +258,13 @@ LIMIT $4::int;
 -- it has ($4 = 0) or only fence $4; $3 the reason. The task becomes FREE
 -- (state 'revoked', claimable at once: no lock delay) and keeps its fence, so
 -- the next claim gets fence + 1. No row when the task has no such lease.
-UPDATE leasekeeper_tasks
+UPDATE leasekeeper_tasks AS t
 SET state = 'revoked', end_reason = 'LEASE_REVOKED', revoke_reason = $3::text,
-    expire_time = least(expire_time, clock_timestamp()),
+    expire_time = least(t.expire_time, clock_timestamp()),
     update_time = clock_timestamp()
-WHERE namespace = $1::text AND task_id = $2::text AND state = 'held'
-  AND ($4::bigint = 0 OR fence = $4::bigint)
-RETURNING namespace, task_id, owner_id, fence, state, expire_time,
-          runtime_deadline, claim_time, end_reason, claim_request_id, revoke_reason,
-          clock_timestamp() AS db_now;
+WHERE t.namespace = $1::text AND t.task_id = $2::text AND t.state = 'held'
+  AND ($4::bigint = 0 OR t.fence = $4::bigint)
+RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
 
 -- name: lock_limits
 -- A namespace's limits and claim bucket, locked until the claim's transaction
@@ -340,11 +293,10 @@ WHERE namespace = $1::text;
 -- follows the live leases, not the table.
 SELECT count(*) AS live, min(expire_time) AS first_expiry, clock_timestamp() AS db_now
 FROM (
-    SELECT expire_time FROM leasekeeper_tasks
-    WHERE namespace = $1::text AND task_id <> $2::text
-      AND state = 'held' AND expiry_announced_fence IS DISTINCT FROM fence
-      AND expire_time > clock_timestamp()
-    ORDER BY task_id
+    SELECT t.expire_time FROM leasekeeper_tasks t
+    WHERE t.namespace = $1::text AND t.task_id <> $2::text
+      AND {{lease_is_live}} AND t.expiry_announced_fence IS DISTINCT FROM t.fence
+    ORDER BY t.task_id
     LIMIT $3::int
 ) live;
 
@@ -379,11 +331,10 @@ RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.expire_time;
 -- name: held_by_namespace
 -- Live leases per namespace (for the leases_held gauge), from the index of
 -- unswept leases.
-SELECT namespace, count(*) AS held
-FROM leasekeeper_tasks
-WHERE state = 'held' AND expiry_announced_fence IS DISTINCT FROM fence
-  AND expire_time > clock_timestamp()
-GROUP BY namespace;
+SELECT t.namespace, count(*) AS held
+FROM leasekeeper_tasks t
+WHERE {{lease_is_live}} AND t.expiry_announced_fence IS DISTINCT FROM t.fence
+GROUP BY t.namespace;
 
 -- name: page_token_key
 -- The key that signs page tokens (migrations/0007_page_token_key.sql); read
