@@ -2,9 +2,11 @@
 
 Start-up order: check that the database connection keeps its session
 (pooling.py: no transaction- or statement-mode pooler), migrate, open the pool, listen for
-lease notifications, serve. Shutdown (SIGTERM/SIGINT) order: health NOT_SERVING, end heartbeat
-streams with UNAVAILABLE (their leases live on in the database), stop taking
-calls and let unary calls finish within the grace period, close the database.
+lease notifications, serve. Shutdown (SIGTERM/SIGINT) order: health NOT_SERVING, set the
+server-wide shutdown signal (``LeaseServer.shutdown``, the one every long call waits on:
+Heartbeat and Watch streams and waiting claims end UNAVAILABLE, the leases live on in the
+database), stop taking calls and let unary calls finish within the grace period, close the
+database.
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ class LeaseServer:
         self._limits_task: asyncio.Task[None] | None = None
         self._limits_changed = asyncio.Event()
         self.metrics = Metrics()
+        # Owned here, set once by stop(): ends every stream and waiting claim.
+        self.shutdown = asyncio.Event()
         self._owned_tracer_provider = (
             tracing.provider_from_settings(settings) if tracer_provider is None else None
         )
@@ -172,8 +176,10 @@ class LeaseServer:
         page_tokens = PageTokens(await store.page_token_key())
         self._events = LeaseEvents(self._dsn, s.health_interval_s, s.connect_timeout_s)
         await self._events.start()
-        self.heartbeats = HeartbeatService(store, self._events, s, self.metrics)
-        self.watches = WatchService(store, self._events, s)
+        self.heartbeats = HeartbeatService(
+            store, self._events, s, self.metrics, shutdown=self.shutdown
+        )
+        self.watches = WatchService(store, self._events, s, shutdown=self.shutdown)
         await self._load_limits()
         self._events.on_config(self._on_config_change)
         self._limits_task = asyncio.create_task(self._refresh_limits(), name="leasekeeper-limits")
@@ -205,12 +211,12 @@ class LeaseServer:
                         store,
                         EffectLedger(store),
                         self.heartbeats,
-                        self.metrics,
                         s,
                         events=self._events,
                         limits=self.limits,
                         watches=self.watches,
                         page_tokens=page_tokens,
+                        shutdown=self.shutdown,
                     )
                 ),
             )
@@ -303,10 +309,7 @@ class LeaseServer:
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
         if self._health is not None:
             await self._health.shutdown()
-        if self.heartbeats is not None:
-            self.heartbeats.close()
-        if self.watches is not None:
-            self.watches.close()
+        self.shutdown.set()
         if self.sweeper is not None:
             await self.sweeper.stop()
         if self._limits_task is not None:

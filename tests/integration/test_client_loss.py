@@ -64,7 +64,7 @@ def client_tasks() -> list[asyncio.Task[object]]:
 
 
 def heartbeat_renewals(running: RunningServer) -> float:
-    return sample_sum(running, "leasekeeper_renewals_total", path="heartbeat", result="ok")
+    return sample_sum(running, "leasekeeper_renewals_total", method="Heartbeat", result="ok")
 
 
 async def row_state(db: asyncpg.Connection, namespace: str, task_id: str) -> tuple[str, int]:

@@ -105,7 +105,7 @@ async def test_metrics_count_claims_renewals_stale_fences_latency_and_pool(
         port = running.server.metrics_port
         assert port
         before = await scrape(port)
-        assert value(before, "leasekeeper_renewals_total", path="rpc", result="ok") == 0
+        assert value(before, "leasekeeper_renewals_total", method="Renew", result="ok") == 0
         assert (
             value(before, "leasekeeper_rpc_duration_seconds_count", method="Claim", code="OK") == 0
         )
@@ -140,15 +140,16 @@ async def test_metrics_count_claims_renewals_stale_fences_latency_and_pool(
         assert value(s, "leasekeeper_claims_total", namespace=namespace, result="acquired") == 2
         assert value(s, "leasekeeper_claims_total", namespace=namespace, result="conflict") == 1
         assert value(s, "leasekeeper_claims_total", namespace="", result="error") == 1
-        assert value(s, "leasekeeper_renewals_total", path="rpc", result="ok") == 1
-        assert value(s, "leasekeeper_renewals_total", path="rpc", result="lost") == 1
+        assert value(s, "leasekeeper_renewals_total", method="Renew", result="ok") == 1
+        assert value(s, "leasekeeper_renewals_total", method="Renew", result="lost") == 1
         assert (
-            value(s, "leasekeeper_renewal_failures_total", path="rpc", reason="LEASE_RELEASED") == 1
+            value(s, "leasekeeper_renewal_failures_total", method="Renew", reason="LEASE_RELEASED")
+            == 1
         )
         stale = "leasekeeper_stale_fence_rejections_total"
-        assert value(s, stale, rpc="Renew", reason="LEASE_RELEASED") == 1
-        assert value(s, stale, rpc="ValidateFence", reason="LEASE_SUPERSEDED") == 1
-        assert value(s, stale, rpc="Release", reason="LEASE_SUPERSEDED") == 0
+        assert value(s, stale, method="Renew", reason="LEASE_RELEASED") == 1
+        assert value(s, stale, method="ValidateFence", reason="LEASE_SUPERSEDED") == 1
+        assert value(s, stale, method="Release", reason="LEASE_SUPERSEDED") == 0
 
         duration = "leasekeeper_rpc_duration_seconds"
         assert value(s, duration + "_count", method="Claim", code="OK") == 3
@@ -179,7 +180,7 @@ async def test_heartbeat_stream_gauge_renewals_and_loss_by_revoke(
             assert reply.renewed
             s = await scrape(port)
             assert value(s, "leasekeeper_heartbeat_streams_open") == 1
-            assert value(s, "leasekeeper_renewals_total", path="heartbeat", result="ok") == 1
+            assert value(s, "leasekeeper_renewals_total", method="Heartbeat", result="ok") == 1
             await calm.done_writing()
             assert await calm.code() == grpc.StatusCode.OK
             await until_scraped(port, "leasekeeper_heartbeat_streams_open", 0)
@@ -196,16 +197,18 @@ async def test_heartbeat_stream_gauge_renewals_and_loss_by_revoke(
         s = await until_scraped(port, "leasekeeper_heartbeat_streams_open", 0)
         assert value(s, "leasekeeper_streams_total", method="Heartbeat", code="OK") == 1
         assert value(s, "leasekeeper_streams_total", method="Heartbeat", code="ABORTED") == 1
-        assert value(s, "leasekeeper_renewals_total", path="heartbeat", result="lost") == 1
+        assert value(s, "leasekeeper_renewals_total", method="Heartbeat", result="lost") == 1
         assert (
-            value(s, "leasekeeper_renewal_failures_total", path="heartbeat", reason="LEASE_REVOKED")
+            value(
+                s, "leasekeeper_renewal_failures_total", method="Heartbeat", reason="LEASE_REVOKED"
+            )
             == 1
         )
         assert (
             value(
                 s,
                 "leasekeeper_stale_fence_rejections_total",
-                rpc="Heartbeat",
+                method="Heartbeat",
                 reason="LEASE_REVOKED",
             )
             == 1

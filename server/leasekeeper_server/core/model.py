@@ -36,8 +36,10 @@ This module is pure: no grpc, no asyncpg, no clock of its own.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 ZERO = timedelta(0)
 
@@ -153,6 +155,24 @@ class Lease:
                 return LossReason.RUNTIME_EXCEEDED
             return LossReason.LEASE_EXPIRED
         return _ROW_STATE_REASON[self.row_state]
+
+
+def lease_from_row(row: Mapping[str, Any]) -> Lease:
+    """A task row (with ``db_now``) as a Lease: an asyncpg record, or a dict of the same keys."""
+    return Lease(
+        namespace=row["namespace"],
+        task_id=row["task_id"],
+        owner_id=row["owner_id"],
+        fence=row["fence"],
+        row_state=row["state"],
+        expire_time=row["expire_time"],
+        runtime_deadline=row["runtime_deadline"],
+        claim_time=row["claim_time"],
+        end_reason=row["end_reason"],
+        claim_request_id=row["claim_request_id"],
+        db_now=row["db_now"],
+        revoke_reason=row.get("revoke_reason"),
+    )
 
 
 @dataclass(frozen=True, slots=True)

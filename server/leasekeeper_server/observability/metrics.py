@@ -4,9 +4,9 @@ Each :class:`~leasekeeper_server.app.LeaseServer` owns one registry, so that
 several servers in one process (the tests run many) never share a counter;
 ``serve_http`` exports it over HTTP for Prometheus (``LEASEKEEPER_METRICS_LISTEN``).
 
-Most counts are derived from each call's request, response and status by the
-outermost server interceptor (``observe.py``), so the handlers stay free of
-metric calls. The sweeper and the heartbeat loop report what only they see
+The counts of calls are derived from each call's request, response and status
+by the outermost server interceptor (``observe.py``), so the handlers stay free
+of metric calls. The sweeper and the heartbeat loop report what only they see
 through :meth:`Metrics.expired`, :meth:`Metrics.set_held`,
 :meth:`Metrics.set_sweeper_leader` and :meth:`Metrics.loss_told`; the limits
 cache through :meth:`Metrics.set_limits`.
@@ -30,14 +30,14 @@ claims_total                        namespace, result          Claim answers: ``
                                                                (RESOURCE_EXHAUSTED), ``error``
                                                                (any other status; namespace
                                                                ``""``)
-renewals_total                      path, result               path ``rpc`` (Renew) or
-                                                               ``heartbeat`` (a beat answered
+renewals_total                      method, result             method ``Renew`` or
+                                                               ``Heartbeat`` (a beat answered
                                                                with a renewal, and a stream
                                                                ended ABORTED); result ``ok`` /
                                                                ``lost``
-renewal_failures_total              path, reason               renewals answered ABORTED, by
+renewal_failures_total              method, reason             renewals answered ABORTED, by
                                                                ErrorInfo reason
-stale_fence_rejections_total        rpc, reason                fences refused: ValidateFence
+stale_fence_rejections_total        method, reason             fences refused: ValidateFence
                                                                valid=false; Renew, Release,
                                                                Heartbeat, BeginEffect,
                                                                CompleteEffect ABORTED
@@ -65,6 +65,9 @@ db_statements_total                                            statements the po
                                                                database cost per call
 ==================================  =========================  ===============================
 
+One name per concept: ``method`` is always the LeaseService method's gRPC
+name (``Renew``, ``Heartbeat``, ``ValidateFence``, ...).
+
 Label cardinality: ``namespace`` labels only values that passed validation
 and reached the database (a granted, refused or limited claim; the sweeper's
 and the limits' namespaces). Namespaces are chosen by operators and are few
@@ -76,6 +79,8 @@ Effects (``leasekeeper_effects_total{event}``), one count per call outcome:
 event                     counted when
 ========================  ====================================================
 begun                     BeginEffect passed validation and reached the ledger
+                          (any answer but INVALID_ARGUMENT, UNAUTHENTICATED,
+                          PERMISSION_DENIED)
 proceed                   BeginEffect reserved an attempt
 already_applied           BeginEffect found a confirmed outcome
 in_doubt                  BeginEffect found an unconfirmed attempt (reconcile)
@@ -118,7 +123,15 @@ LEASE_METHODS = (
     "Watch",
 )
 STREAM_METHODS = ("Heartbeat", "Watch")
-FENCED_RPCS = ("ValidateFence", "Renew", "Release", "Heartbeat", "BeginEffect", "CompleteEffect")
+RENEWING_METHODS = ("Renew", "Heartbeat")
+FENCED_METHODS = (
+    "ValidateFence",
+    "Renew",
+    "Release",
+    "Heartbeat",
+    "BeginEffect",
+    "CompleteEffect",
+)
 LIMIT_REASONS = ("LEASE_LIMIT", "CLAIM_RATE_LIMIT")
 
 # A database round trip is about a millisecond; a claim that waits (Claim.wait)
@@ -227,20 +240,20 @@ class Metrics:
         )
         self.renewals = Counter(
             PREFIX + "renewals",
-            "Renewals by path (rpc: Renew; heartbeat: a stream's beats) and result (ok, lost).",
-            ["path", "result"],
+            "Renewals by method (Renew; Heartbeat: a stream's beats) and result (ok, lost).",
+            ["method", "result"],
             registry=r,
         )
         self.renewal_failures = Counter(
             PREFIX + "renewal_failures",
-            "Renewals answered ABORTED, by path and reason.",
-            ["path", "reason"],
+            "Renewals answered ABORTED, by method and reason.",
+            ["method", "reason"],
             registry=r,
         )
         self.stale_fence_rejections = Counter(
             PREFIX + "stale_fence_rejections",
-            "Fences refused (ValidateFence valid=false, or ABORTED), by RPC and reason.",
-            ["rpc", "reason"],
+            "Fences refused (ValidateFence valid=false, or ABORTED), by method and reason.",
+            ["method", "reason"],
             registry=r,
         )
         self._expired = Counter(
@@ -306,14 +319,14 @@ class Metrics:
         # Every series whose labels are known exists from the start, at 0.
         for event in EffectEvent:
             self._effects.labels(event.value)
-        for path in ("rpc", "heartbeat"):
+        for method in RENEWING_METHODS:
             for result in ("ok", "lost"):
-                self.renewals.labels(path, result)
+                self.renewals.labels(method, result)
             for loss in LossReason:
-                self.renewal_failures.labels(path, loss.value)
-        for rpc in FENCED_RPCS:
+                self.renewal_failures.labels(method, loss.value)
+        for method in FENCED_METHODS:
             for loss in LossReason:
-                self.stale_fence_rejections.labels(rpc, loss.value)
+                self.stale_fence_rejections.labels(method, loss.value)
         for method in LEASE_METHODS:
             if method in STREAM_METHODS:
                 self.streams.labels(method, "OK")

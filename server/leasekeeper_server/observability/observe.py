@@ -4,15 +4,18 @@ It sees each ``leasekeeper.v1.LeaseService`` call's method, request,
 response (for a stream: its first message and its last response) and final
 status, and derives from them what ``metrics.py`` lists, the span of
 ``tracing.py`` and the records of ``audit.py``. The handlers stay free of
-observability calls. Being outermost, it also sees the calls an inner
-interceptor (authentication) refuses.
+observability calls (the effect counts too: from BeginEffect's decision,
+CompleteEffect's recorded state, or the refusal); the one exception is the
+loss-notice time, which only a Heartbeat stream's watchdog sees (the instant
+of the loss is in no request, response or status). Being outermost, it also
+sees the calls an inner interceptor (authentication) refuses.
 
 The final status is read from the call's context after the handler: errors
-leave handlers through ``context.abort`` (``rpc.abort_with``), which sets the
-code and the trailing ``grpc-status-details-bin``; the ErrorInfo reason is
-taken from the domain error that caused the abort, or else parsed from those
-details. A handler that is cancelled counts as CANCELLED; any other exception
-as UNKNOWN (what grpc answers).
+leave handlers through ``context.abort`` (``rpc.handling.abort_with``), which sets the
+code and the trailing ``grpc-status-details-bin``; the domain error that
+caused the abort (and its ErrorInfo reason) is the AbortError's context, or
+else the reason is parsed from those details. A handler that is cancelled
+counts as CANCELLED; any other exception as UNKNOWN (what grpc answers).
 
 Other services (health, reflection) pass through untouched. With no tracer
 provider and the audit logger off, a unary call costs two clock reads, a
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import logging
 import time
@@ -34,10 +36,10 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from leasekeeper.v1 import lease_service_pb2 as pb
-from leasekeeper_server.core.errors import LeaseServiceError
+from leasekeeper_server.core.errors import EffectConflict, LeaseLost, LeaseServiceError
 from leasekeeper_server.observability import tracing
 from leasekeeper_server.observability.audit import Audit
-from leasekeeper_server.observability.metrics import ClaimResult, Metrics
+from leasekeeper_server.observability.metrics import ClaimResult, EffectEvent, Metrics
 from leasekeeper_server.rpc.service import SERVICE_NAME
 from leasekeeper_server.security.caller import current_principal
 
@@ -49,6 +51,21 @@ _ABORTED = grpc.StatusCode.ABORTED
 _LIMITED = grpc.StatusCode.RESOURCE_EXHAUSTED
 _COMPLETED = grpc.StatusCode.FAILED_PRECONDITION
 _LOSS_PREFIX = "LOSS_REASON_"
+# The codes of an effect call refused before the handler asked the ledger: a
+# malformed or invalid request, or the auth interceptor's refusal. The ledger
+# itself never answers them (ledger.py: ABORTED, FAILED_PRECONDITION, UNAVAILABLE).
+_BEFORE_LEDGER = frozenset(
+    (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
+)
+_BEGIN_EVENT = {
+    pb.EFFECT_DECISION_PROCEED: EffectEvent.PROCEED,
+    pb.EFFECT_DECISION_ALREADY_APPLIED: EffectEvent.ALREADY_APPLIED,
+    pb.EFFECT_DECISION_IN_DOUBT: EffectEvent.IN_DOUBT,
+}
 
 
 def _principal() -> str | None:
@@ -58,10 +75,15 @@ def _principal() -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _reason(error: BaseException | None, context: Any) -> str | None:
-    """The ErrorInfo reason of an aborted call."""
+def _cause(error: BaseException | None) -> LeaseServiceError | None:
+    """The domain error an abort answered (``abort_with`` aborts while handling it), if any."""
     cause = error.__context__ if error is not None else None
-    if isinstance(cause, LeaseServiceError):
+    return cause if isinstance(cause, LeaseServiceError) else None
+
+
+def _reason(cause: LeaseServiceError | None, context: Any) -> str | None:
+    """The ErrorInfo reason of an aborted call."""
+    if cause is not None:
         return cause.reason
     try:
         trailing = context.trailing_metadata() or ()
@@ -92,7 +114,17 @@ def _final_code(context: Any) -> grpc.StatusCode:
 class _Outcome:
     """One call's result, as the observers read it."""
 
-    __slots__ = ("code", "context", "error", "first", "principal", "reason", "request", "response")
+    __slots__ = (
+        "cause",
+        "code",
+        "context",
+        "error",
+        "first",
+        "principal",
+        "reason",
+        "request",
+        "response",
+    )
 
     def __init__(self, request: Any, context: Any) -> None:
         self.request = request
@@ -101,6 +133,7 @@ class _Outcome:
         self.first: Any = None  # a stream's first message
         self.code = _OK
         self.error: BaseException | None = None
+        self.cause: LeaseServiceError | None = None  # the domain error the call answered
         self.reason: str | None = None
         self.principal: str | None = None
 
@@ -113,7 +146,8 @@ class _Outcome:
         else:
             self.code = grpc.StatusCode.UNKNOWN
         if self.code is not _OK:
-            self.reason = _reason(error, self.context)
+            self.cause = _cause(error)
+            self.reason = _reason(self.cause, self.context)
 
 
 class _StreamContext:
@@ -159,15 +193,15 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
         self._duration: dict[tuple[str, grpc.StatusCode], Any] = {}
         # Counted on every renewal: the series looked up once, not per beat.
-        self._beat_renewed = metrics.renewals.labels("heartbeat", "ok")
-        self._rpc_renewed = metrics.renewals.labels("rpc", "ok")
+        self._beat_renewed = metrics.renewals.labels("Heartbeat", "ok")
+        self._rpc_renewed = metrics.renewals.labels("Renew", "ok")
         self._observers: dict[str, Callable[[_Outcome], object]] = {
             "Claim": self._claimed,
             "Renew": self._renewed,
             "Release": self._released,
             "ValidateFence": self._validated,
-            "BeginEffect": functools.partial(self._stale, "BeginEffect"),
-            "CompleteEffect": functools.partial(self._stale, "CompleteEffect"),
+            "BeginEffect": self._effect_begun,
+            "CompleteEffect": self._effect_completed,
             "Revoke": self._revoked,
             "Heartbeat": self._heartbeat_ended,
         }
@@ -316,11 +350,11 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
             namespace = getattr(o.request, "namespace", "") or getattr(o.first, "namespace", "")
             self._metrics.limit_rejections.labels(namespace, o.reason).inc()
 
-    def _stale(self, rpc: str, o: _Outcome) -> bool:
+    def _stale(self, method: str, o: _Outcome) -> bool:
         """Counts an ABORTED fenced call; True when it was one."""
         if o.code is not _ABORTED or not o.reason:
             return False
-        self._metrics.stale_fence_rejections.labels(rpc, o.reason).inc()
+        self._metrics.stale_fence_rejections.labels(method, o.reason).inc()
         return True
 
     def _claimed(self, o: _Outcome) -> None:
@@ -349,15 +383,15 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
         else:
             m.claims.labels("", ClaimResult.ERROR).inc()
 
-    def _lost(self, rpc: str, path: str | None, o: _Outcome, named: Any) -> None:
-        if not self._stale(rpc, o):
+    def _lost(self, method: str, renewal: bool, o: _Outcome, named: Any) -> None:
+        if not self._stale(method, o):
             return
-        if path is not None:
-            self._metrics.renewals.labels(path, "lost").inc()
-            self._metrics.renewal_failures.labels(path, o.reason).inc()
+        if renewal:
+            self._metrics.renewals.labels(method, "lost").inc()
+            self._metrics.renewal_failures.labels(method, o.reason).inc()
         if self._audit.enabled and named is not None:
             self._audit.loss(
-                rpc,
+                method,
                 named.namespace,
                 named.task_id,
                 named.owner_id,
@@ -370,7 +404,7 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
         if o.code is _OK:
             self._rpc_renewed.inc()
         else:
-            self._lost("Renew", "rpc", o, o.request)
+            self._lost("Renew", True, o, o.request)
 
     def _released(self, o: _Outcome) -> None:
         if o.code is _OK:
@@ -380,19 +414,44 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
                     r.namespace, r.task_id, r.owner_id, r.fence, r.complete, o.principal
                 )
         else:
-            self._lost("Release", None, o, o.request)
+            self._lost("Release", False, o, o.request)
 
     def _heartbeat_beat(self, response: Any) -> None:
         if response.renewed:
             self._beat_renewed.inc()
 
     def _heartbeat_ended(self, o: _Outcome) -> None:
-        self._lost("Heartbeat", "heartbeat", o, o.first)
+        self._lost("Heartbeat", True, o, o.first)
 
     def _validated(self, o: _Outcome) -> None:
         if o.code is _OK and not o.response.valid:
             name = pb.LossReason.Name(o.response.reason).removeprefix(_LOSS_PREFIX)
             self._metrics.stale_fence_rejections.labels("ValidateFence", name).inc()
+
+    def _effect_begun(self, o: _Outcome) -> None:
+        """Counts a BeginEffect that reached the ledger (begun) and what the ledger answered."""
+        self._stale("BeginEffect", o)
+        if o.code in _BEFORE_LEDGER:
+            return
+        self._metrics.effect(EffectEvent.BEGUN)
+        if o.code is _OK:
+            self._metrics.effect(_BEGIN_EVENT[o.response.decision])
+        else:
+            self._effect_refused(o)
+
+    def _effect_completed(self, o: _Outcome) -> None:
+        """Counts a CompleteEffect by the outcome recorded: applied (SUCCEEDED) or failed."""
+        self._stale("CompleteEffect", o)
+        if o.code is _OK:
+            applied = o.response.effect.state == pb.EFFECT_STATE_SUCCEEDED
+            self._metrics.effect(EffectEvent.APPLIED if applied else EffectEvent.FAILED)
+        else:
+            self._effect_refused(o)
+
+    def _effect_refused(self, o: _Outcome) -> None:
+        """Counts a stale fence (LeaseLost, ABORTED) or a ledger conflict (FAILED_PRECONDITION)."""
+        if isinstance(o.cause, LeaseLost | EffectConflict):
+            self._metrics.effect(EffectEvent.REFUSED)
 
     def _revoked(self, o: _Outcome) -> None:
         if o.code is _OK and self._audit.enabled:

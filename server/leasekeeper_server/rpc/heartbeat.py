@@ -33,15 +33,15 @@ from typing import Any
 import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
-from leasekeeper_server.core.errors import InvalidArgument, LeaseLost, ShuttingDown
+from leasekeeper_server.core.errors import InvalidArgument, LeaseLost
 from leasekeeper_server.core.model import Lease, LossReason, owner_loss
 from leasekeeper_server.observability.metrics import Metrics
 from leasekeeper_server.rpc import convert, validate
-from leasekeeper_server.rpc.handling import abort_with, check_parsed
+from leasekeeper_server.rpc.handling import check_parsed
+from leasekeeper_server.rpc.waiting import Woken, first_of, guarding_credentials
 from leasekeeper_server.security import caller as auth
 from leasekeeper_server.settings import Settings
-from leasekeeper_server.storage.events import LeaseEvents
-from leasekeeper_server.storage.store import Store
+from leasekeeper_server.storage.protocol import ChangeFeed, LeaseStore
 
 log = logging.getLogger(__name__)
 
@@ -51,42 +51,46 @@ _TIMER_SLACK_S = 0.02
 
 
 class HeartbeatService:
-    """Serves heartbeat streams and ends them all on shutdown."""
+    """Serves heartbeat streams; the server's shutdown ends them all (UNAVAILABLE)."""
 
     def __init__(
         self,
-        store: Store,
-        events: LeaseEvents,
+        store: LeaseStore,
+        events: ChangeFeed,
         settings: Settings,
         metrics: Metrics | None = None,
+        *,
+        shutdown: asyncio.Event,
     ) -> None:
+        """The service; ``shutdown`` is the server-wide signal (``app.py`` sets it when stopping).
+
+        ``metrics`` receives the loss-notice time (:meth:`Metrics.loss_told`),
+        which only the stream's watchdog sees; None for a registry of its own.
+        """
         self._store = store
         self._events = events
         self._settings = settings
         self._metrics = metrics if metrics is not None else Metrics()
-        self._closing = asyncio.Event()
+        self._shutdown = shutdown
         self.open_streams = 0
 
-    def close(self) -> None:
-        """Ends every open stream with UNAVAILABLE (server shutdown)."""
-        self._closing.set()
-
-    @property
-    def closing(self) -> asyncio.Event:
-        """Set once the server is shutting down."""
-        return self._closing
-
     async def serve(self, context: grpc.aio.ServicerContext) -> None:
-        """Runs one stream to its end; every ending is a status on ``context``."""
+        """Runs one stream to its end (the handler is wrapped by ``handling.streaming``).
+
+        Returns when the client half-closes (OK).
+
+        Raises:
+            LeaseLost: the lease is lost (ABORTED, with the reason).
+            ShuttingDown: the server is shutting down (UNAVAILABLE).
+            InvalidArgument: a message is malformed or names another lease.
+            Unauthenticated, PermissionDenied: the token is refused or revoked.
+            DatabaseUnavailable: the database is out of reach (UNAVAILABLE).
+        """
         self.open_streams += 1
         try:
             await _Stream(
-                self._store, self._events, self._settings, self._metrics, self._closing, context
+                self._store, self._events, self._settings, self._metrics, self._shutdown, context
             ).run()
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:  # every failure leaves as a status
-            await abort_with(context, exc)
         finally:
             self.open_streams -= 1
 
@@ -94,24 +98,24 @@ class HeartbeatService:
 class _Stream:
     def __init__(
         self,
-        store: Store,
-        events: LeaseEvents,
+        store: LeaseStore,
+        events: ChangeFeed,
         settings: Settings,
         metrics: Metrics,
-        closing: asyncio.Event,
+        shutdown: asyncio.Event,
         context: grpc.aio.ServicerContext,
     ) -> None:
         self._store = store
         self._events = events
         self._settings = settings
         self._metrics = metrics
-        self._closing = closing
+        self._shutdown = shutdown
         self._context = context
         self._ref: validate.LeaseRef | None = None
         self._ttl = timedelta(seconds=settings.default_ttl_s)
         self._renew_interval_s = 0.0  # beats sooner than this after a renewal are not written
         self._names: tuple[tuple[str, str], ...] = ()  # the first message's ids, by field
-        self._task: Lease | None = None  # the last read of the lease (renewal or check)
+        self._lease: Lease | None = None  # the last read of the lease (renewal or check)
         self._seen_at = 0.0  # monotonic, when that read was answered
         self._renewed_at = 0.0  # monotonic, when the last renewal was answered
         self._ended: Exception | None = None  # why the watchdog ended the stream
@@ -121,7 +125,7 @@ class _Stream:
         if first is grpc.aio.EOF:
             return
         check_parsed(first)
-        self._ref = validate.lease_ref(first, self._settings)
+        self._ref = ref = validate.lease_ref(first, self._settings)
         auth.authorize_namespace(self._ref.key.namespace)
         self._names = (
             ("namespace", self._ref.key.namespace),
@@ -129,31 +133,37 @@ class _Stream:
             ("owner_id", self._ref.owner_id),
         )
         self._set_ttl(validate.ttl(first, self._settings))
-        await self._renew()
+        self._renewed(await self._store.renew(ref, self._ttl))
+        await self._reply(renewed=True)
 
         # Beats are read and answered here, one after another, with nothing
         # else to wait for (the cheapest loop per beat); the watchdog task
         # waits for the rest and, when the stream must end, cancels this one.
         beats = asyncio.current_task()
         assert beats is not None
-        with self._events.watch(self._ref.key) as changed:
-            # Ends the stream if the caller's token is revoked while it runs.
-            credentials = auth.guard_credentials(self._ref.key.namespace)
-            watchdog = asyncio.ensure_future(self._watch(changed, credentials, beats))
-            try:
-                while True:
-                    message = await self._context.read()
-                    if message is grpc.aio.EOF:
-                        return
-                    await self._beat(message)
-            except asyncio.CancelledError:
-                if self._ended is None:
-                    raise  # the call itself was cancelled
-                beats.uncancel()
-                raise self._ended from None
-            finally:
-                watchdog.cancel()
-                credentials.cancel()
+        # A token revoked while the stream runs ends it (UNAUTHENTICATED).
+        async with guarding_credentials(self._ref.key.namespace) as credentials:
+            with self._events.watch(self._ref.key) as changed:
+                watchdog = asyncio.ensure_future(self._watch(changed, credentials, beats))
+                try:
+                    while True:
+                        message = await self._context.read()
+                        if message is grpc.aio.EOF:
+                            return
+                        if self._beat_renews(message):
+                            # Four frames to SQL: Store.renew -> Coalescer.submit ->
+                            # Coalescer._drain -> BatchedStatement._run_batch.
+                            self._renewed(await self._store.renew(ref, self._ttl))
+                            await self._reply(renewed=True)
+                        else:
+                            await self._reply(renewed=False)
+                except asyncio.CancelledError:
+                    if self._ended is None:
+                        raise  # the call itself was cancelled
+                    beats.uncancel()
+                    raise self._ended from None
+                finally:
+                    watchdog.cancel()
 
     async def _watch(
         self,
@@ -168,23 +178,18 @@ class _Stream:
         database said the lease would end (if no renewal moved it since);
         then one read on the database clock decides.
         """
-        closing = asyncio.ensure_future(self._closing.wait())
-        woken = asyncio.ensure_future(changed.wait())
         try:
             while True:
                 seen_at = self._seen_at
-                done, _ = await asyncio.wait(
-                    {woken, closing, credentials},
-                    timeout=self._until_check_s(),
-                    return_when=asyncio.FIRST_COMPLETED,
+                woken = await first_of(
+                    changed=changed,
+                    shutdown=self._shutdown,
+                    credentials=credentials,
+                    timeout_s=self._until_check_s(),
+                    then="resume with the same fence",
                 )
-                if closing in done:
-                    raise ShuttingDown("server is shutting down; resume with the same fence")
-                if credentials in done:
-                    credentials.result()  # raises: the token was revoked
-                if woken in done:
+                if woken is Woken.CHANGED:
                     changed.clear()
-                    woken = asyncio.ensure_future(changed.wait())
                 elif self._seen_at != seen_at:
                     continue  # renewed meanwhile: the lease ends later than the timer said
                 await self._check()
@@ -193,24 +198,26 @@ class _Stream:
         except Exception as exc:  # ends the stream with this status
             self._ended = exc
             beats.cancel()
-        finally:
-            closing.cancel()
-            woken.cancel()
 
     def _until_check_s(self) -> float:
-        assert self._task is not None
+        assert self._lease is not None
         elapsed = time.monotonic() - self._seen_at
-        return max(0.0, self._task.remaining_ttl.total_seconds() - elapsed) + _TIMER_SLACK_S
+        return max(0.0, self._lease.remaining_ttl.total_seconds() - elapsed) + _TIMER_SLACK_S
 
-    async def _beat(self, message: Any) -> None:
+    def _beat_renews(self, message: Any) -> bool:
+        """Checks a beat; True when it is to be written (a renewal), False when answered as is.
+
+        A beat sooner than the renew interval after the last renewal is
+        answered from that renewal, without a statement.
+
+        Raises:
+            InvalidArgument: the beat names another lease, or a bad ttl.
+        """
         check_parsed(message)
         self._check_same_lease(message)
         if message.HasField("ttl"):
             self._set_ttl(validate.ttl(message, self._settings))
-        if time.monotonic() - self._renewed_at < self._renew_interval_s:
-            await self._reply(renewed=False)
-        else:
-            await self._renew()
+        return time.monotonic() - self._renewed_at >= self._renew_interval_s
 
     def _set_ttl(self, ttl: timedelta) -> None:
         self._ttl = ttl
@@ -228,25 +235,24 @@ class _Stream:
         if message.fence and message.fence != ref.fence:
             raise InvalidArgument("fence", "names another lease than this stream's first message")
 
-    async def _renew(self) -> None:
-        assert self._ref is not None
-        self._task = await self._store.renew(self._ref, self._ttl)
+    def _renewed(self, lease: Lease) -> None:
+        """Records a renewal's answer: the lease as renewed, and when it was answered."""
+        self._lease = lease
         self._seen_at = self._renewed_at = time.monotonic()
-        await self._reply(renewed=True)
 
     async def _reply(self, renewed: bool) -> None:
-        task = self._task
-        assert task is not None
-        remaining = task.remaining_ttl
+        lease = self._lease
+        assert lease is not None
+        remaining = lease.remaining_ttl
         if not renewed:
             remaining = max(
                 timedelta(0), remaining - timedelta(seconds=time.monotonic() - self._seen_at)
             )
         await self._context.write(
             pb.HeartbeatResponse(
-                fence=task.fence,
+                fence=lease.fence,
                 renewed=renewed,
-                expire_time=convert.timestamp(task.expire_time),
+                expire_time=convert.timestamp(lease.expire_time),
                 remaining_ttl=convert.duration(remaining),
             )
         )
@@ -255,11 +261,11 @@ class _Stream:
         """One read on the database clock: ends the stream if the lease is lost."""
         ref = self._ref
         assert ref is not None
-        task = await self._store.get_lease(ref.key)
-        reason = owner_loss(task, ref.owner_id, ref.fence)
+        lease = await self._store.get_lease(ref.key)
+        reason = owner_loss(lease, ref.owner_id, ref.fence)
         if reason is not None:
-            if task is not None:
-                self._metrics.loss_told(_loss_age_s(task, reason))
+            if lease is not None:
+                self._metrics.loss_told(_loss_age_s(lease, reason))
             log.info(
                 "heartbeat ends: %s namespace=%r task_id=%r fence=%d",
                 reason.value,
@@ -274,14 +280,14 @@ class _Stream:
                     "reason": reason.value,
                 },
             )
-            raise LeaseLost(reason, task.fence if task is not None else 0)
-        assert task is not None
+            raise LeaseLost(reason, lease.fence if lease is not None else 0)
+        assert lease is not None
         # Still ours (renewed elsewhere, perhaps): plan the next check from this read.
-        self._task = task
+        self._lease = lease
         self._seen_at = time.monotonic()
 
 
-def _loss_age_s(task: Lease, reason: LossReason) -> float:
+def _loss_age_s(lease: Lease, reason: LossReason) -> float:
     """Seconds from the loss to this read (database clock), for the loss-notice metric.
 
     The loss instant is the expire_time for an expiry, and for a release,
@@ -289,5 +295,5 @@ def _loss_age_s(task: Lease, reason: LossReason) -> float:
     happened); for a newer grant it is that grant's claim_time (the old
     lease may have expired earlier: the age is then a lower bound).
     """
-    lost_at = task.claim_time if reason is LossReason.LEASE_SUPERSEDED else task.expire_time
-    return max(0.0, (task.db_now - lost_at).total_seconds())
+    lost_at = lease.claim_time if reason is LossReason.LEASE_SUPERSEDED else lease.expire_time
+    return max(0.0, (lease.db_now - lost_at).total_seconds())

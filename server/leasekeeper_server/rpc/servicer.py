@@ -1,8 +1,14 @@
-"""Thin RPC handlers: validate, call one store method, convert back."""
+"""Thin RPC handlers: validate, call one store method, convert back.
+
+Errors leave through ``handling.unary`` / ``handling.streaming`` as rich
+statuses; what is counted, traced and audited is derived from each call by
+the interceptor (``observability/observe.py``), so nothing here calls metrics.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
@@ -10,22 +16,18 @@ from typing import Any
 import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
-from leasekeeper_server.core.effect_rules import BeginDecision, EffectState
-from leasekeeper_server.core.errors import EffectConflict, LeaseLost, ShuttingDown, TaskNotFound
+from leasekeeper_server.core.errors import TaskNotFound
 from leasekeeper_server.core.limits import LimitsCache
 from leasekeeper_server.core.model import ClaimOutcome, TaskKey, fence_loss
-from leasekeeper_server.observability.metrics import EffectEvent, Metrics
 from leasekeeper_server.rpc import convert, validate
-from leasekeeper_server.rpc.handling import parse_or_malformed, unary
+from leasekeeper_server.rpc.handling import parse_or_malformed, streaming, unary
 from leasekeeper_server.rpc.heartbeat import HeartbeatService
 from leasekeeper_server.rpc.paging import PageTokens
 from leasekeeper_server.rpc.service import SERVICE_NAME
+from leasekeeper_server.rpc.waiting import Woken, first_of, guarding_credentials
 from leasekeeper_server.rpc.watch import WatchService
-from leasekeeper_server.security import caller as auth
 from leasekeeper_server.settings import Settings
-from leasekeeper_server.storage.events import LeaseEvents
-from leasekeeper_server.storage.ledger import EffectLedger
-from leasekeeper_server.storage.store import Store
+from leasekeeper_server.storage.protocol import ChangeFeed, EffectStore, LeaseStore
 
 # Added to a waiting claim's timer so its retry lands just after the instant
 # the database will judge the holder's lease (and lock delay) over.
@@ -37,26 +39,30 @@ class LeaseServicer:
 
     def __init__(
         self,
-        store: Store,
-        ledger: EffectLedger,
+        store: LeaseStore,
+        ledger: EffectStore,
         heartbeats: HeartbeatService,
-        metrics: Metrics,
         settings: Settings,
         *,
-        events: LeaseEvents,
+        events: ChangeFeed,
         limits: LimitsCache,
         watches: WatchService,
         page_tokens: PageTokens,
+        shutdown: asyncio.Event,
     ) -> None:
+        """The handlers; ``shutdown`` is the server-wide signal (``app.py`` sets it when stopping).
+
+        A Claim waiting when it is set ends UNAVAILABLE (SHUTTING_DOWN).
+        """
         self._store = store
         self._ledger = ledger
         self._heartbeats = heartbeats
-        self._metrics = metrics
         self._settings = settings
         self._events = events
         self._limits = limits
         self._watches = watches
         self._page_tokens = page_tokens
+        self._shutdown = shutdown
 
     @unary
     async def Claim(self, request: pb.ClaimRequest, context: Any) -> pb.ClaimResponse:
@@ -70,11 +76,10 @@ class LeaseServicer:
         wait = validate.claim_wait(request, s)
         limits = self._limits.get(key.namespace)
 
-        def claim(take_token: bool = True) -> Awaitable[ClaimOutcome]:
-            return self._store.claim(
-                key, owner_id, ttl, max_runtime, request_id, limits, take_token
-            )
-
+        # A partial, not a closure: no frame between the handler and Store.claim.
+        claim = functools.partial(
+            self._store.claim, key, owner_id, ttl, max_runtime, request_id, limits
+        )
         if wait > timedelta(0):
             outcome = await self._claim_waiting(key, claim, wait)
         else:
@@ -110,10 +115,8 @@ class LeaseServicer:
         """
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + wait.total_seconds()
-        closing = asyncio.ensure_future(self._heartbeats.closing.wait())
         # A token revoked while the claim waits ends the wait (UNAUTHENTICATED).
-        credentials = auth.guard_credentials(key.namespace)
-        try:
+        async with guarding_credentials(key.namespace) as credentials:
             with self._events.watch(key) as changed:  # watching before the first claim
                 outcome = await claim()
                 while not outcome.acquired:
@@ -121,23 +124,16 @@ class LeaseServicer:
                     if left_s <= 0:
                         break
                     timer_s = max(outcome.retry_after.total_seconds(), 0.0) + _WAIT_SLACK_S
-                    woken = asyncio.ensure_future(changed.wait())
-                    await asyncio.wait(
-                        {woken, closing, credentials},
-                        timeout=min(left_s, timer_s),
-                        return_when=asyncio.FIRST_COMPLETED,
+                    woken = await first_of(
+                        changed=changed,
+                        shutdown=self._shutdown,
+                        credentials=credentials,
+                        timeout_s=min(left_s, timer_s),
+                        then="claim again on a replica",
                     )
-                    woken.cancel()
-                    if credentials.done():
-                        credentials.result()  # raises: the token was revoked
-                    if closing.done():
-                        raise ShuttingDown("server is shutting down; claim again on a replica")
-                    changed.clear()
+                    if woken is Woken.CHANGED:
+                        changed.clear()
                     outcome = await claim(take_token=False)
-        finally:
-            for waiter in (closing, credentials):
-                waiter.cancel()
-            await asyncio.gather(closing, credentials, return_exceptions=True)
         return outcome
 
     @unary
@@ -211,15 +207,9 @@ class LeaseServicer:
     async def BeginEffect(
         self, request: pb.BeginEffectRequest, context: Any
     ) -> pb.BeginEffectResponse:
-        """Reserves an effect for a live fence (see ledger.py and effects.py)."""
+        """Reserves an effect for a live fence (see ledger.py and effect_rules.py)."""
         begin = validate.begin_request(request, self._settings)
-        self._metrics.effect(EffectEvent.BEGUN)
-        try:
-            decision, record = await self._ledger.begin(begin)
-        except (LeaseLost, EffectConflict):
-            self._metrics.effect(EffectEvent.REFUSED)
-            raise
-        self._metrics.effect(_BEGIN_EVENT[decision])
+        decision, record = await self._ledger.begin(begin)
         return pb.BeginEffectResponse(
             decision=convert.DECISION[decision], effect=convert.effect(record)
         )
@@ -232,13 +222,7 @@ class LeaseServicer:
         key = validate.effect_key(request, self._settings)
         fence = validate.fence("fence", request.fence)
         outcome = validate.outcome(request, self._settings)
-        try:
-            record = await self._ledger.complete(key, fence, outcome)
-        except (LeaseLost, EffectConflict):
-            self._metrics.effect(EffectEvent.REFUSED)
-            raise
-        applied = outcome.state is EffectState.SUCCEEDED
-        self._metrics.effect(EffectEvent.APPLIED if applied else EffectEvent.FAILED)
+        record = await self._ledger.complete(key, fence, outcome)
         return pb.CompleteEffectResponse(effect=convert.effect(record))
 
     @unary
@@ -267,10 +251,12 @@ class LeaseServicer:
         revoked, task = await self._store.revoke(key, reason, fence)
         return pb.RevokeResponse(revoked=revoked, lease=convert.lease(task))
 
+    @streaming
     async def Heartbeat(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         """The heartbeat stream; see heartbeat.py."""
         await self._heartbeats.serve(context)
 
+    @streaming
     async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> None:
         """The Watch stream; see watch.py."""
         await self._watches.serve(request, context)
@@ -313,10 +299,3 @@ def method_handlers(servicer: LeaseServicer) -> grpc.GenericRpcHandler:
         ),
     }
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
-
-
-_BEGIN_EVENT = {
-    BeginDecision.PROCEED: EffectEvent.PROCEED,
-    BeginDecision.ALREADY_APPLIED: EffectEvent.ALREADY_APPLIED,
-    BeginDecision.IN_DOUBT: EffectEvent.IN_DOUBT,
-}

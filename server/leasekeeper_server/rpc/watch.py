@@ -25,14 +25,12 @@ from typing import Any
 import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
-from leasekeeper_server.core.errors import ShuttingDown
-from leasekeeper_server.core.model import Lease, TaskKey
+from leasekeeper_server.core.model import Lease, TaskKey, lease_from_row
 from leasekeeper_server.rpc import convert, validate
-from leasekeeper_server.rpc.handling import abort_with, check_parsed
+from leasekeeper_server.rpc.waiting import first_of, guarding_credentials
 from leasekeeper_server.security import caller as auth
 from leasekeeper_server.settings import Settings
-from leasekeeper_server.storage.events import LeaseEvents
-from leasekeeper_server.storage.store import Store, lease_from_row
+from leasekeeper_server.storage.protocol import ChangeFeed, LeaseStore
 
 _EVENT_TYPE = {
     "claimed": pb.TASK_EVENT_TYPE_CLAIMED,
@@ -81,29 +79,26 @@ def snapshot_message(task: Lease | None, key: TaskKey | None) -> pb.TaskEvent:
 
 
 class WatchService:
-    """Serves Watch streams and ends them all on shutdown."""
+    """Serves Watch streams; the server's shutdown ends them all (UNAVAILABLE)."""
 
-    def __init__(self, store: Store, events: LeaseEvents, settings: Settings) -> None:
+    def __init__(
+        self, store: LeaseStore, events: ChangeFeed, settings: Settings, *, shutdown: asyncio.Event
+    ) -> None:
+        """The service; ``shutdown``, the server-wide signal, ends every stream when set."""
         self._store = store
         self._events = events
         self._settings = settings
-        self._closing = asyncio.Event()
-
-    def close(self) -> None:
-        """Ends every open stream with UNAVAILABLE (server shutdown)."""
-        self._closing.set()
+        self._shutdown = shutdown
 
     async def serve(self, request: Any, context: grpc.aio.ServicerContext) -> None:
-        """Runs one Watch stream to its end; every ending is a status on ``context``."""
-        try:
-            await self._run(request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:  # every failure leaves as a status
-            await abort_with(context, exc)
+        """Runs one Watch stream until it fails (the handler is wrapped by ``handling.streaming``).
 
-    async def _run(self, request: Any, context: grpc.aio.ServicerContext) -> None:
-        check_parsed(request)
+        Raises:
+            ShuttingDown: the server is shutting down (UNAVAILABLE): watch again.
+            InvalidArgument: the request is malformed.
+            Unauthenticated, PermissionDenied: the token is refused or revoked.
+            DatabaseUnavailable: the snapshot could not be read (UNAVAILABLE).
+        """
         s = self._settings
         namespace = validate.identifier("namespace", request.namespace, s.max_id_bytes)
         key = None
@@ -115,21 +110,17 @@ class WatchService:
         with self._events.subscribe(namespace, key.task_id if key else None) as sub:
             # Subscribed first, then read: a change after the read is queued.
             shown = await self._snapshot(context, key) if key is not None else None
-            closing = asyncio.ensure_future(self._closing.wait())
             # Ends the stream if the caller's token is revoked while it runs.
-            credentials = auth.guard_credentials(namespace)
-            try:
+            async with guarding_credentials(namespace) as credentials:
                 while True:
-                    ready = asyncio.ensure_future(sub.ready.wait())
-                    await asyncio.wait(
-                        {ready, closing, credentials}, return_when=asyncio.FIRST_COMPLETED
+                    await first_of(
+                        changed=sub.ready,
+                        shutdown=self._shutdown,
+                        credentials=credentials,
+                        timeout_s=None,
+                        then="watch again",
                     )
-                    ready.cancel()
-                    if closing.done():
-                        raise ShuttingDown("server is shutting down; watch again")
-                    if credentials.done():
-                        credentials.result()  # raises UNAUTHENTICATED / PERMISSION_DENIED
-                    gap, events = sub.take()
+                    gap, events = sub.take()  # clears sub.ready
                     if gap:
                         if key is not None:
                             shown = await self._snapshot(context, key)
@@ -143,10 +134,6 @@ class WatchService:
                         message = event_message(data)
                         if message is not None:
                             await context.write(message)
-            finally:
-                for waiter in (closing, credentials):
-                    waiter.cancel()
-                await asyncio.gather(closing, credentials, return_exceptions=True)
 
     async def _snapshot(self, context: grpc.aio.ServicerContext, key: TaskKey) -> Lease | None:
         task = await self._store.get_lease(key)

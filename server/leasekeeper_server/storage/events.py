@@ -27,9 +27,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import asyncpg
 
@@ -37,52 +36,12 @@ from leasekeeper_server.core.model import TaskKey
 from leasekeeper_server.storage import driver_errors
 from leasekeeper_server.storage.driver_errors import translate_errors
 from leasekeeper_server.storage.store import APPLICATION_NAME
+from leasekeeper_server.storage.subscription import Subscription
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "leasekeeper_lease"
 CONFIG_CHANNEL = "leasekeeper_config"
-
-# Events a Watch subscription may hold unread; past that it is told of a gap.
-MAX_PENDING_EVENTS = 1000
-
-
-class Subscription:
-    """The events of a task (or a namespace) since subscribing, in commit order.
-
-    Attributes:
-        ready: set while ``pending`` holds events or ``gap`` is set.
-        pending: the notification payloads (dicts), oldest first.
-        gap: True when events may have been lost (the listening connection
-            was interrupted, or too many events were left unread).
-    """
-
-    def __init__(self) -> None:
-        self.ready = asyncio.Event()
-        self.pending: deque[dict[str, Any]] = deque()
-        self.gap = False
-
-    def push(self, payload: dict[str, Any]) -> None:
-        """Adds one event; too many unread turns into a gap."""
-        if len(self.pending) >= MAX_PENDING_EVENTS:
-            self.mark_gap()
-            return
-        self.pending.append(payload)
-        self.ready.set()
-
-    def mark_gap(self) -> None:
-        """Drops what is pending: the reader must re-read the state instead."""
-        self.pending.clear()
-        self.gap = True
-        self.ready.set()
-
-    def take(self) -> tuple[bool, list[dict[str, Any]]]:
-        """(gap, events) since the last take; clears both."""
-        gap, events = self.gap, list(self.pending)
-        self.gap = False
-        self.pending.clear()
-        self.ready.clear()
-        return gap, events
 
 
 class LeaseEvents:

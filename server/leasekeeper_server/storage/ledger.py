@@ -43,8 +43,8 @@ from leasekeeper_server.core.effect_rules import (
     decide_begin,
 )
 from leasekeeper_server.core.errors import LeaseLost
-from leasekeeper_server.core.model import LossReason, TaskKey, fence_loss
-from leasekeeper_server.storage.store import Store, lease_from_row
+from leasekeeper_server.core.model import LossReason, TaskKey, fence_loss, lease_from_row
+from leasekeeper_server.storage.store import Store
 
 
 def effect_from_row(row: asyncpg.Record) -> Effect:

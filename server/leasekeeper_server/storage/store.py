@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -43,6 +43,7 @@ from leasekeeper_server.core.model import (
     LossReason,
     TaskKey,
     TaskState,
+    lease_from_row,
     owner_loss,
 )
 from leasekeeper_server.settings import Settings
@@ -104,24 +105,6 @@ def _counting(
         conn.add_query_logger(logged)
 
     return init
-
-
-def lease_from_row(row: Mapping[str, Any]) -> Lease:
-    """A task row (with ``db_now``) as a Lease: an asyncpg record, or a dict of the same keys."""
-    return Lease(
-        namespace=row["namespace"],
-        task_id=row["task_id"],
-        owner_id=row["owner_id"],
-        fence=row["fence"],
-        row_state=row["state"],
-        expire_time=row["expire_time"],
-        runtime_deadline=row["runtime_deadline"],
-        claim_time=row["claim_time"],
-        end_reason=row["end_reason"],
-        claim_request_id=row["claim_request_id"],
-        db_now=row["db_now"],
-        revoke_reason=row.get("revoke_reason"),
-    )
 
 
 class Store:

@@ -1,0 +1,298 @@
+"""The storage seam: what the RPC layer needs from storage, as ``typing.Protocol``s.
+
+``rpc/`` (the servicer, the heartbeat streams, the Watch streams) is written
+against these three shapes, not against PostgreSQL:
+
+* :class:`LeaseStore` — the lease decisions (claim, renew, release, revoke)
+  and the reads (one task, a page of a namespace);
+* :class:`EffectStore` — the effect ledger (BeginEffect, CompleteEffect,
+  ListEffects);
+* :class:`ChangeFeed` — the doorbell rung on every committed change of a
+  task's ownership, and the events themselves for Watch.
+
+Two implementations exist: PostgreSQL (``store.Store``, ``ledger.EffectLedger``,
+``events.LeaseEvents``), the one a server runs, where every decision is one
+SQL statement on the database clock (``sql/queries.sql``); and an in-memory
+one for tests (``memory.py``), with a clock the test moves by hand. One
+behaviour suite, ``tests/conformance/``, runs against both: a rule changed in
+one and not the other fails it.
+
+Every decision a method describes is the rule of ``core/model.py`` (the state
+model, ``fence_loss``, ``owner_loss``) and ``core/effect_rules.py``; the
+docstrings below say where each comes from. Durations are ``timedelta``;
+instants are timezone-aware ``datetime``s of the storage's own clock (the
+database's, for PostgreSQL): an implementation never uses the caller's clock
+to decide. Domain errors are those of ``core/errors.py``; their gRPC status
+(``rpc/status.py``) is given in parentheses. Every method may also raise
+``DatabaseUnavailable`` (UNAVAILABLE) when its storage cannot be reached: the
+call may then have been applied or not, and retrying it is safe (claims carry
+request ids, the other decisions are idempotent per fence).
+
+The implementations' conformance is checked by mypy at the bottom of this
+module (under ``TYPE_CHECKING``, so nothing is imported at run time). The
+implementations must therefore not import this module: that would be an
+import circle (tests/unit/test_import_graph.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from leasekeeper_server.core.effect_rules import (
+    BeginDecision,
+    BeginRequest,
+    Effect,
+    EffectKey,
+    EffectState,
+    Outcome,
+)
+from leasekeeper_server.core.limits import NO_LIMITS, NamespaceLimits
+from leasekeeper_server.core.model import ClaimOutcome, Lease, LeaseRef, TaskKey, TaskState
+
+
+class LeaseStore(Protocol):
+    """The lease decisions and reads (the tasks of ``core/model.py``'s state model)."""
+
+    async def claim(
+        self,
+        key: TaskKey,
+        owner_id: str,
+        ttl: timedelta,
+        max_runtime: timedelta,
+        request_id: str | None = None,
+        limits: NamespaceLimits = NO_LIMITS,
+        take_token: bool = True,
+    ) -> ClaimOutcome:
+        """Claims a task for ``owner_id``; atomic, decided on the storage's clock.
+
+        The rule (``core/model.py`` "claim", SQL ``claim``): a new, FREE or
+        EXPIRED task (past ``limits.lock_delay`` since its expiry) is granted
+        with fence + 1 (the first fence of a task is 1 on a fresh database);
+        a task HELD by this owner under another request id is granted again
+        with fence + 1 (a new incarnation supersedes the earlier fence); a
+        task HELD by this owner under the same request id, or with
+        ``request_id`` None, is handed back unchanged (a retry; no renewal).
+
+        Args:
+            key: the task.
+            owner_id: the claiming owner incarnation.
+            ttl: lease length; the granted expiry is ``now + min(ttl, max_runtime)``.
+            max_runtime: the runtime budget: no renewal reaches past
+                ``now + max_runtime`` (the lease's ``runtime_deadline``).
+            request_id: names this logical claim (AIP-155); None for none.
+            limits: the namespace's limits (``core/limits.py``); the lock
+                delay applies to every claim, a lease or rate limit is judged
+                on the storage's own copy of the limits.
+            take_token: False for a retry of a waiting Claim that already
+                took its rate token.
+
+        Returns:
+            ``acquired=True`` with the caller's lease (new or handed back), or
+            ``acquired=False`` with the holder's lease and ``retry_after``:
+            the holder's remaining ttl plus the lock delay, or, for an
+            EXPIRED lease in its lock delay, ``expire_time + lock_delay - now``.
+
+        Raises:
+            TaskCompleted: the task is COMPLETED (FAILED_PRECONDITION).
+            LeaseLimit: the namespace holds ``max_leases`` live leases
+                (RESOURCE_EXHAUSTED; nothing changed).
+            ClaimRateLimit: the namespace's claim bucket is empty
+                (RESOURCE_EXHAUSTED; nothing changed).
+        """
+        ...
+
+    async def renew(self, ref: LeaseRef, ttl: timedelta) -> Lease:
+        """Extends a live lease to ``min(now + ttl, runtime_deadline)``; atomic.
+
+        The rule (``core/model.py`` "renew", SQL ``renew``): only the HELD
+        lease of ``ref.owner_id`` with ``ref.fence``; an EXPIRED lease is never
+        revived, even by its owner and fence.
+
+        Returns:
+            The renewed lease (``db_now`` the instant of the renewal).
+
+        Raises:
+            LeaseLost: (ABORTED) with ``owner_loss``'s reason: LEASE_EXPIRED,
+                RUNTIME_EXCEEDED, LEASE_SUPERSEDED, LEASE_RELEASED,
+                LEASE_REVOKED, TASK_COMPLETED, NOT_OWNER or FENCE_UNKNOWN; its
+                ``current_fence`` is the task's fence (0 if never claimed).
+        """
+        ...
+
+    async def release(self, ref: LeaseRef, complete: bool) -> Lease:
+        """Ends the lease of ``ref`` (live or expired): FREE, or COMPLETED when ``complete``.
+
+        The rule (``core/model.py`` "release", SQL ``release``): the fence
+        matching proves no newer grant exists, so an expired lease may still
+        be released or completed by its owner; the task keeps its fence and
+        owner, and ``expire_time`` becomes ``min(expire_time, now)``. A lease
+        already released by this owner and fence may still be completed.
+        Idempotent per fence: a release (or completion) already made by this
+        owner with this fence answers with the task as it is.
+
+        Raises:
+            LeaseLost: (ABORTED) LEASE_SUPERSEDED, NOT_OWNER, LEASE_REVOKED,
+                FENCE_UNKNOWN (``owner_loss``).
+        """
+        ...
+
+    async def get_lease(self, key: TaskKey) -> Lease | None:
+        """The task's lease with the storage's clock (``db_now``), or None if never claimed.
+
+        Read-only. Its ``state`` (``Lease.state``) is judged at ``db_now``;
+        ValidateFence and the heartbeat's check apply ``fence_loss`` /
+        ``owner_loss`` to it.
+        """
+        ...
+
+    async def list_leases(
+        self,
+        namespace: str,
+        after_task_id: str,
+        limit: int,
+        state: TaskState | None,
+        owner_id: str | None = None,
+    ) -> tuple[builtins.list[Lease], str | None]:
+        """Up to ``limit`` tasks of ``namespace`` after ``after_task_id``, by task_id (keyset).
+
+        Filters: derived ``state`` at one reading of the clock (None: any),
+        ``owner_id`` (None: any). Task ids compare byte for byte (code point
+        order; SQL ``COLLATE "C"``). One call reads at most
+        ``max(1000, limit)`` tasks of the namespace however rare the
+        filter's matches (SQL ``list_leases``).
+
+        Returns:
+            The matching tasks read, and the task_id of the last task read
+            when the read stopped at that budget with fewer than ``limit``
+            matches (the next page starts after it), else None.
+        """
+        ...
+
+    async def revoke(self, key: TaskKey, reason: str, fence: int) -> tuple[bool, Lease]:
+        """Ends the task's lease now (an operator's call); the task becomes FREE.
+
+        The rule (SQL ``revoke``): a held lease, live or expired, of any fence
+        (``fence`` 0) or of ``fence`` only, is revoked: row state 'revoked',
+        claimable at once (no lock delay), fence kept (the next claim gets
+        fence + 1), ``expire_time`` becomes ``min(expire_time, now)``,
+        ``revoke_reason`` recorded.
+
+        Returns:
+            (True, the task) when a held lease was revoked; (False, the task
+            as it is) when it had none (FREE) or another fence.
+
+        Raises:
+            TaskNotFound: never claimed (NOT_FOUND).
+            TaskCompleted: the task is COMPLETED (FAILED_PRECONDITION).
+        """
+        ...
+
+
+class EffectStore(Protocol):
+    """The effect ledger: one record per ``(namespace, task_id, effect_key)``.
+
+    Every call first checks, atomically with its write, that the caller's
+    fence is the task's current fence and its lease HELD on the storage's
+    clock (``core/model.fence_loss``); only then do the pure rules of
+    ``core/effect_rules.py`` decide.
+    """
+
+    async def begin(self, request: BeginRequest) -> tuple[BeginDecision, Effect]:
+        """Reserves an effect for a live fence, or says why not to act (BeginEffect).
+
+        Returns:
+            PROCEED with the new reservation (a new record, attempts 1, or a
+            new attempt over a retryable failure or a superseded LATEST
+            record, attempts + 1); ALREADY_APPLIED with the confirmed
+            outcome; IN_DOUBT with the unconfirmed earlier attempt
+            (``effect_rules.decide_begin``).
+
+        Raises:
+            LeaseLost: the fence is not current and live (ABORTED; reason
+                from ``fence_loss``); nothing reserved.
+            EffectKeyReused: another policy, or another request digest
+                without superseding (FAILED_PRECONDITION).
+        """
+        ...
+
+    async def complete(self, key: EffectKey, fence: int, outcome: Outcome) -> Effect:
+        """Records an effect's outcome by a live fence (CompleteEffect).
+
+        Idempotent for the same outcome (``effect_rules.check_complete``);
+        ``complete_fence`` is the caller's fence.
+
+        Raises:
+            LeaseLost: the fence is not current and live (ABORTED); nothing recorded.
+            EffectNotBegun: no record for the key (FAILED_PRECONDITION).
+            EffectAlreadyCompleted: another outcome is recorded (FAILED_PRECONDITION).
+        """
+        ...
+
+    async def list(
+        self, task: TaskKey, after_effect_key: str, limit: int, state: EffectState | None
+    ) -> builtins.list[Effect]:
+        """Up to ``limit`` effects of a task after ``after_effect_key``, by key (keyset).
+
+        Read-only; ``state`` None for any state. An unknown task has none.
+        """
+        ...
+
+
+class EventSubscription(Protocol):
+    """The events of a subscription since it began, in commit order (``events.Subscription``)."""
+
+    @property
+    def ready(self) -> asyncio.Event:
+        """Set while events are pending or a gap was marked."""
+        ...
+
+    def take(self) -> tuple[bool, builtins.list[dict[str, Any]]]:
+        """(gap, events) since the last take; clears both and ``ready``.
+
+        Each event is a dict shaped as the task trigger's payload
+        (``migrations/0005_operations.sql``): ``event`` ('claimed',
+        'released', 'completed', 'revoked', 'expired'), ``event_time`` and the
+        row's instants as ISO 8601 text, and the row's ``namespace``,
+        ``task_id``, ``owner_id``, ``fence``, ``state``, ``end_reason``,
+        ``claim_request_id``, ``revoke_reason``. ``gap`` True: events may have
+        been lost; re-read the state.
+        """
+        ...
+
+
+class ChangeFeed(Protocol):
+    """Committed changes of task ownership: a grant, release, completion, revoke, announced expiry.
+
+    A renewal is not a change (nothing is announced). A notification is a
+    doorbell: whoever wakes decides again on a fresh read.
+    """
+
+    def watch(self, key: TaskKey) -> AbstractContextManager[asyncio.Event]:
+        """An event set on every committed change of ``key`` while the block runs.
+
+        Also set when changes may have been missed (the PostgreSQL listener
+        reconnected). The watcher clears it after checking.
+        """
+        ...
+
+    def subscribe(
+        self, namespace: str | None, task_id: str | None
+    ) -> AbstractContextManager[EventSubscription]:
+        """The events of one task, of every task of a namespace (task_id None), or of all (both)."""
+        ...
+
+
+if TYPE_CHECKING:
+    # mypy checks the PostgreSQL implementations against the seam here; the
+    # in-memory ones are checked in memory.py.
+    from leasekeeper_server.storage.events import LeaseEvents
+    from leasekeeper_server.storage.ledger import EffectLedger
+    from leasekeeper_server.storage.store import Store
+
+    _store: type[LeaseStore] = Store
+    _ledger: type[EffectStore] = EffectLedger
+    _events: type[ChangeFeed] = LeaseEvents
