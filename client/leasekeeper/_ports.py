@@ -59,14 +59,15 @@ class HoldingClient(EffectCalls, Protocol):
     @property
     def clock(self) -> Clock: ...
 
-    async def claim(
+    async def _claim(
         self,
         task_id: str,
-        ttl: Seconds | None = 30.0,
-        max_runtime: Seconds | None = None,
+        ttl: Seconds | None,
+        max_runtime: Seconds | None,
         *,
-        request_id: str | None = None,
-        wait: Seconds | None = None,
+        request_id: str,
+        wait: Seconds | None,
+        deadline_past_wait: bool = False,
     ) -> ClaimResult: ...
 
     async def _release(
@@ -95,6 +96,6 @@ class EffectLease(Protocol):
     def fence(self) -> int: ...
 
     @property
-    def _client(self) -> EffectCalls: ...
+    def client(self) -> EffectCalls: ...
 
     def check(self) -> None: ...

@@ -212,7 +212,8 @@ class LeaseClient:
                     )
                 else:
                     self._channel = grpc.aio.insecure_channel(self._target, options=CHANNEL_OPTIONS)
-            self._stub = pb_grpc.LeaseServiceStub(self._channel)
+            # The generated stub module has no annotations (grpcio-tools writes none).
+            self._stub = pb_grpc.LeaseServiceStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
     async def close(self) -> None:
@@ -252,12 +253,19 @@ class LeaseClient:
         task_id: str | None = None,
         fence: int | None = None,
         timeout_s: float | None = None,
+        server_wait_s: float = 0.0,
     ) -> _Response:
-        """One unary call within the call timeout, or ``timeout_s`` seconds if that is shorter."""
+        """One unary call within the call timeout, or ``timeout_s`` seconds if that is shorter.
+
+        ``server_wait_s``: seconds the server may wait before it decides (a Claim's
+        wait); the call timeout then counts from the end of that wait.
+        """
         if timeout_s is None or (
             self._call_timeout_s is not None and self._call_timeout_s < timeout_s
         ):
             timeout_s = self._call_timeout_s
+        if timeout_s is not None:
+            timeout_s += server_wait_s
         try:
             return await rpc(request, timeout=timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as error:
@@ -333,8 +341,30 @@ class LeaseClient:
                 a retry with the same ``request_id`` returns the same lease).
 
         """
-        if request_id is None:
-            request_id = new_request_id()
+        return await self._claim(
+            task_id,
+            ttl,
+            max_runtime,
+            request_id=new_request_id() if request_id is None else request_id,
+            wait=wait,
+        )
+
+    async def _claim(
+        self,
+        task_id: str,
+        ttl: Seconds | None,
+        max_runtime: Seconds | None,
+        *,
+        request_id: str,
+        wait: Seconds | None,
+        deadline_past_wait: bool = False,
+    ) -> ClaimResult:
+        """:meth:`claim`, sent once.
+
+        With ``deadline_past_wait`` (``hold()``) the call timeout counts from the
+        end of the server's wait: the deadline is a call timeout past the wait,
+        so a wait longer than the call timeout is not cut short.
+        """
         request = pb.ClaimRequest(
             namespace=self._namespace,
             task_id=task_id,
@@ -344,8 +374,9 @@ class LeaseClient:
             request_id=request_id,
             wait=_types.to_duration(wait, "wait"),
         )
+        past_s = _types.seconds(wait, "wait") if deadline_past_wait and wait is not None else 0.0
         send_time = self._clock()
-        response = await self._call(self.stub.Claim, request, task_id=task_id)
+        response = await self._call(self.stub.Claim, request, task_id=task_id, server_wait_s=past_s)
         return _types.claim_result(response, send_time, request_id)
 
     async def renew(
@@ -803,9 +834,11 @@ class LeaseClient:
             ttl: Lease length in seconds (or ``timedelta``); renewed every
                 ``heartbeat_interval``. None: the server's default.
             max_runtime: Runtime budget in seconds; None for the server's maximum.
-            wait: Seconds to keep trying while another owner holds the task
-                (exponential backoff with full jitter, never sleeping past the
-                holder's remaining ttl). None: one attempt.
+            wait: Seconds to wait while another owner holds the task: the
+                server waits (``Claim`` with ``wait``) and grants the task as soon
+                as the database announces it free, one Claim per wait of up to
+                60 s; failed attempts are retried with exponential backoff and
+                full jitter. None: one attempt.
             safety_margin: Seconds subtracted from every confirmed remaining ttl
                 for the trust deadline. None: ``min(1 s, ttl / 10)``.
             release_on_exit: Release the lease when the block exits (in the

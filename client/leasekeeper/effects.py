@@ -248,7 +248,7 @@ class EffectRunner:
 
     async def _begin(self) -> BeginResult:
         lease = self._lease
-        return await lease._client.begin_effect(
+        return await lease.client.begin_effect(
             lease.task_id,
             lease.fence,
             self._effect_key,
@@ -261,7 +261,7 @@ class EffectRunner:
         self, outcome: str, *, retryable: bool = False, result: bytes = b""
     ) -> EffectRecord:
         lease = self._lease
-        return await lease._client.complete_effect(
+        return await lease.client.complete_effect(
             lease.task_id,
             lease.fence,
             self._effect_key,

@@ -496,5 +496,6 @@ def retry_delay_s(status: status_pb2.Status | None) -> float | None:
         if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             info = error_details_pb2.RetryInfo()
             detail.Unpack(info)
-            return info.retry_delay.ToTimedelta().total_seconds()
+            delay_s: float = info.retry_delay.ToTimedelta().total_seconds()
+            return delay_s
     return None

@@ -194,7 +194,8 @@ def _rejecting_handler(
     return grpc.stream_stream_rpc_method_handler(reject_stream, **kwargs)
 
 
-class FenceInterceptor(grpc.aio.ServerInterceptor):
+# grpc ships no type stubs: its classes are Any to mypy.
+class FenceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Rejects calls whose fence may not act, before their handler runs.
 
     For each protected method the interceptor reads ``leasekeeper-namespace``,

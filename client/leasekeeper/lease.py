@@ -3,10 +3,10 @@
 :class:`LeaseHold` is the async context manager returned by
 ``LeaseClient.hold``; it yields a :class:`HeldLease`.
 
-Entering claims the task (waiting for it if asked), sets the trust deadline
-from the claim, and starts one heartbeat stream renewing every
-``heartbeat_interval`` (ttl / 3 by default). A grant that arrives after its own
-trust deadline (a late reply) raises ``LeaseLost`` at once: no heartbeat is
+Entering claims the task (waiting for it if asked, see :mod:`leasekeeper._acquire`),
+sets the trust deadline from the claim, and starts one heartbeat stream renewing
+every ``heartbeat_interval`` (ttl / 3 by default). A grant that arrives after its
+own trust deadline (a late reply) raises ``LeaseLost`` at once: no heartbeat is
 opened and nothing is sent for that fence. While the block runs the heartbeat
 moves the deadline after each confirmed renewal (``send_time + remaining_ttl -
 safety_margin`` on the client's monotonic clock).
@@ -28,29 +28,29 @@ stands between the block and the error: the stream is cancelled, not
 half-closed, and a lease that may still be ours is released in the background
 (within RELEASE_AFTER_LOSS_TIMEOUT_S, by a task of the client, which ``close()``
 waits for no longer than that).
+
+:class:`HeldLease` is a state machine (:class:`LeaseState`); every change of
+state goes through one method, which checks it, records the loss and cancels
+the block.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from types import TracebackType
+from typing import Any, NamedTuple
 
 import grpc
 
-from ._backoff import Backoff
+from ._acquire import acquire
 from ._heartbeat import STOP_TIMEOUT_S, HeartbeatKeeper, beat_interval_s
-from ._owner import new_request_id
 from ._ports import HoldingClient
 from ._trust import TrustWindow, default_safety_margin
 from ._types import ClaimResult, LeaseInfo, to_duration
 from .effects import EffectRunner, Reconcile
-from .errors import (
-    ClaimTimeout,
-    LeaseError,
-    LeaseLost,
-    NotAcquired,
-)
+from .errors import LeaseError, LeaseLost
 from .fencing import FenceRef
 from .v1 import lease_service_pb2 as pb
 
@@ -68,17 +68,72 @@ _NOT_OURS = frozenset(
         "FENCE_UNKNOWN",
     }
 )
-# Codes after which a claim's outcome is unknown or it never ran: retried with
-# the same request id (a granted claim comes back as the same lease). CANCELLED:
-# a replica shutting down cancels calls it had not yet handed to the service.
-_CLAIM_RETRY_CODES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
-)
 RELEASE_AFTER_LOSS_TIMEOUT_S = 2.0
 """Seconds the background release of a lost lease may take, if the call timeout is longer (a
 dead network would take all of it); the lease ends by its ttl if it does not get through."""
-CLAIM_BACKOFF_INITIAL_S = 0.05
-CLAIM_BACKOFF_MAX_S = 2.0
+
+
+class LeaseState(enum.Enum):
+    """Where a :class:`HeldLease` is in its life (``HeldLease.state``).
+
+    Its transitions (every one through ``HeldLease._move``)::
+
+        HOLDING    -> COMPLETING (complete()), LOST, RELEASING (the block ended)
+        COMPLETING -> COMPLETED, LOST; back to HOLDING (or CLOSED, the block
+                      having ended) when it failed without a loss
+        RELEASING  -> CLOSED, LOST (the trust deadline passed while stopping)
+        CLOSED     -> LOST (the trust window runs on after the block), COMPLETING
+        COMPLETED, LOST: final
+
+    A loss while COMPLETING is recorded for the completion's outcome to judge,
+    one after COMPLETED is none, and one while LOST may refine the reason: each
+    keeps its state.
+    """
+
+    HOLDING = "HOLDING"
+    """The lease is trusted: the block runs (its task is cancelled on a loss)."""
+    COMPLETING = "COMPLETING"
+    """complete() awaits the server. A loss meanwhile is recorded but cancels nothing:
+    the server ends the heartbeat once the task is completed, and the completion's
+    outcome decides."""
+    COMPLETED = "COMPLETED"
+    """The task is completed (complete() succeeded): nothing to release, never lost. Final."""
+    LOST = "LOST"
+    """Ownership is lost; ``loss`` says why. Final (the reason may be made more precise)."""
+    RELEASING = "RELEASING"
+    """The block ended on a trusted lease: the heartbeat is stopping, the release in flight."""
+    CLOSED = "CLOSED"
+    """The block ended and the lease was released (or kept to its ttl, release_on_exit=False)."""
+
+
+_S = LeaseState
+_TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
+    _S.HOLDING: frozenset({_S.COMPLETING, _S.LOST, _S.RELEASING}),
+    _S.COMPLETING: frozenset({_S.COMPLETING, _S.COMPLETED, _S.LOST, _S.HOLDING, _S.CLOSED}),
+    _S.COMPLETED: frozenset({_S.COMPLETED}),
+    _S.LOST: frozenset({_S.LOST}),
+    _S.RELEASING: frozenset({_S.COMPLETING, _S.LOST, _S.CLOSED}),
+    # The trust window runs on after the block: a lease kept to its ttl is lost at its end.
+    _S.CLOSED: frozenset({_S.COMPLETING, _S.LOST}),
+}
+# Where a loss takes each state: while completing it is only recorded, once
+# completed there is nothing to lose.
+_ON_LOSS: dict[LeaseState, LeaseState] = {
+    state: state if state in (_S.COMPLETING, _S.COMPLETED) else _S.LOST for state in LeaseState
+}
+
+
+class BlockEnd(NamedTuple):
+    """What ended a ``hold()`` block, as :meth:`HeldLease.end_block` judged it.
+
+    Attributes:
+        loss: The loss when the block ended (None: the lease was trusted).
+        cancelled_for: The loss the block's task was cancelled for, or None if
+            it was not cancelled.
+    """
+
+    loss: LeaseLost | None
+    cancelled_for: LeaseLost | None
 
 
 class HeldLease:
@@ -89,18 +144,42 @@ class HeldLease:
     :meth:`effect`.
     """
 
-    def __init__(self, client: HoldingClient, info: LeaseInfo, window: TrustWindow) -> None:
+    def __init__(
+        self,
+        client: HoldingClient,
+        info: LeaseInfo,
+        window: TrustWindow,
+        *,
+        body: asyncio.Task[Any] | None = None,
+    ) -> None:
+        """A lease trusted within ``window`` (state HOLDING).
+
+        Args:
+            client: The client that claimed it.
+            info: The lease as granted.
+            window: Its trust window, confirmed by the grant.
+            body: The task running the ``hold()`` block: cancelled when the lease
+                is lost while the block runs. None: nothing to cancel.
+
+        """
         self._client = client
         self._info = info
         self._window = window
         self._keeper: HeartbeatKeeper | None = None
+        self._state = LeaseState.HOLDING
         self._loss: LeaseLost | None = None
-        self._body_task: asyncio.Task[object] | None = None
-        self._body_active = False
-        self._cancelled_body = False
-        self._releasing = False
-        self._released = False
-        self._completed = False
+        self._body = body  # None once the block has ended: no cancellation lands then
+        self._cancelled = False
+
+    @property
+    def state(self) -> LeaseState:
+        """Where the lease is in its life (the lease's state as this holder knows it)."""
+        return self._state
+
+    @property
+    def client(self) -> HoldingClient:
+        """The client the lease was claimed with (its effects are sent through it)."""
+        return self._client
 
     @property
     def task_id(self) -> str:
@@ -124,7 +203,7 @@ class HeldLease:
 
     @property
     def info(self) -> LeaseInfo:
-        """The lease as granted by the claim."""
+        """The lease as granted by the claim (as completed, after :meth:`complete`)."""
         return self._info
 
     @property
@@ -150,10 +229,12 @@ class HeldLease:
     @property
     def loss(self) -> LeaseLost | None:
         """The loss, or None while the lease is trusted (or after :meth:`complete`)."""
-        if self._completed:
+        if self._state is LeaseState.COMPLETED:
             return None
         if self._loss is None and self._window.expired():
-            self._loss = LeaseLost(self._window.loss_reason, self.task_id, self.fence)
+            # Recorded, not acted on: the reader may be the block itself, and the
+            # heartbeat reports the same passed deadline on its own.
+            self._move(_ON_LOSS[self._state], self._window_loss())
         return self._loss
 
     def check(self) -> None:
@@ -260,34 +341,166 @@ class HeldLease:
                 goes on; safe to call again.
 
         """
-        if self._completed:
+        if self._state is LeaseState.COMPLETED:
             return self._info
         self.check()
+        before, body = self._state, self._body
         deadline, left_s = self._window.deadline, self._window.remaining_s()
-        self._releasing = True  # the server ends the heartbeat once completed: not a loss
+        self._move(LeaseState.COMPLETING)
         try:
             info = await self._client._release(self.task_id, self.fence, True, left_s)
         except LeaseLost as error:
-            self._loss = self._loss or error
+            self._move(LeaseState.LOST, error)
             raise
         except LeaseError as error:
             if self._loss is None and self._cut_off(error, deadline, left_s):
-                self._loss = LeaseLost(
-                    self._window.loss_reason,
-                    self.task_id,
-                    self.fence,
-                    message="lease lost: its trust deadline passed before the completion "
-                    f"was confirmed ({self._window.loss_reason})",
-                )
+                self._move(LeaseState.LOST, self._window_loss(cut_off=True))
+            self._move(self._after_failed_completion(before, body))
             if self._loss is not None:
                 raise self._loss from error
             raise
-        finally:
-            self._releasing = False
-        self._info, self._completed, self._released, self._loss = info, True, True, None
+        except BaseException:
+            self._move(self._after_failed_completion(before, body))
+            raise
+        self._info = info
+        self._move(LeaseState.COMPLETED)
         if self._keeper is not None:
             await self._keeper.stop()
         return info
+
+    def keep_renewed(self, *, ttl_s: float | None, interval_s: float) -> None:
+        """Start the heartbeat that renews this lease every ``interval_s`` seconds.
+
+        Called once, by ``hold()`` on entering its block; a loss the heartbeat
+        reports cancels the block.
+
+        Args:
+            ttl_s: The ttl each renewal asks for, in seconds; None for the server's default.
+            interval_s: Seconds between beats.
+
+        Raises:
+            RuntimeError: The heartbeat was already started.
+
+        """
+        if self._keeper is not None:
+            raise RuntimeError("the heartbeat of a HeldLease is started only once")
+        first = pb.HeartbeatRequest(
+            namespace=self.namespace,
+            task_id=self.task_id,
+            owner_id=self.owner_id,
+            fence=self.fence,
+            ttl=to_duration(ttl_s, "ttl"),
+        )
+        self._keeper = HeartbeatKeeper(
+            open_stream=self._client._open_heartbeat,
+            first_request=first,
+            interval_s=interval_s,
+            window=self._window,
+            on_lost=self._on_heartbeat_lost,
+            clock=self._client.clock,
+        )
+        self._keeper.start()
+
+    async def end_block(self, *, release: bool) -> BlockEnd:
+        """The ``hold()`` block has ended: stop the heartbeat and release (best effort).
+
+        Called once, by ``hold()`` on leaving its block. From here on no loss
+        cancels the block's task. After a loss the heartbeat stream is cancelled
+        at once and a lease that may still be ours is released in the background
+        (within RELEASE_AFTER_LOSS_TIMEOUT_S), so the error is not held up.
+
+        Args:
+            release: Release the lease (False: leave it to end by its ttl).
+
+        Returns:
+            The loss judged as the block ended (before this call's own time), and
+            the loss its task was cancelled for, if it was.
+
+        """
+        self._body = None  # before any await: no cancellation lands in the exit
+        loss = self.loss  # judged now: the cleanup's own time must not count against the block
+        cancelled_for = (loss or self._window_loss()) if self._cancelled else None
+        if self._state is LeaseState.HOLDING:
+            self._move(LeaseState.RELEASING)
+        if self._keeper is not None:
+            # After a loss there is no OK to wait for: cancel the stream at once.
+            await self._keeper.stop(timeout_s=0.0 if self.lost else STOP_TIMEOUT_S)
+        if release and self._state is not LeaseState.COMPLETED:
+            late_loss = self.loss  # judged again: the trust deadline may have passed while stopping
+            if late_loss is None:
+                await self._release(timeout_s=None, level=logging.WARNING)
+            elif late_loss.reason not in _NOT_OURS:
+                self._client._spawn(
+                    self._release(timeout_s=RELEASE_AFTER_LOSS_TIMEOUT_S, level=logging.INFO),
+                    name=f"leasekeeper-release-{self.task_id}",
+                )
+        if self._state is LeaseState.RELEASING:
+            self._move(LeaseState.CLOSED)
+        return BlockEnd(loss, cancelled_for)
+
+    def _move(
+        self, to: LeaseState, loss: LeaseLost | None = None, *, reported: bool = False
+    ) -> None:
+        """The one transition of the state machine: check it, record the loss, cancel the block.
+
+        Args:
+            to: The new state; it must be allowed from the current one.
+            loss: Why, for a loss: kept unless a loss is already recorded, or
+                the recorded one is a passed trust deadline (LEASE_EXPIRED) and
+                this one the heartbeat's report (the server's reason is the
+                truth). Dropped when ``to`` is COMPLETED, which clears any loss.
+            reported: The heartbeat reported the loss: a lease lost while its
+                block runs has the block's task cancelled (once). A loss found
+                by reading :attr:`loss` is only recorded: the reader may be the
+                block itself, which then raises it.
+
+        Raises:
+            RuntimeError: ``to`` is not allowed from the current state (a bug).
+
+        """
+        if to not in _TRANSITIONS[self._state]:
+            raise RuntimeError(f"HeldLease cannot go from {self._state.name} to {to.name}")
+        self._state = to
+        if to is LeaseState.COMPLETED:
+            self._loss = None
+            return
+        if loss is not None and (
+            self._loss is None or (reported and self._loss.reason == "LEASE_EXPIRED")
+        ):
+            self._loss = loss
+        if reported and to is LeaseState.LOST and self._body is not None and not self._cancelled:
+            self._cancelled = True
+            self._body.cancel()
+
+    def _on_heartbeat_lost(self, error: LeaseLost) -> None:
+        """Called by the heartbeat, in its own task, when ownership is lost."""
+        self._move(_ON_LOSS[self._state], error, reported=True)
+
+    def _window_loss(self, *, cut_off: bool = False) -> LeaseLost:
+        """The loss of a passed trust deadline (``cut_off``: one that cut a completion short)."""
+        reason = self._window.loss_reason
+        message = None
+        if cut_off:
+            message = (
+                "lease lost: its trust deadline passed before the completion "
+                f"was confirmed ({reason})"
+            )
+        return LeaseLost(reason, self.task_id, self.fence, message=message)
+
+    def _after_failed_completion(
+        self, before: LeaseState, body: asyncio.Task[Any] | None
+    ) -> LeaseState:
+        """The state after a completion that failed: LOST with a loss, else where it was.
+
+        ``before`` is the state complete() started from and ``body`` the block's
+        task then; a block that ended while the completion was in flight leaves
+        the lease CLOSED (its exit sent the release).
+        """
+        if self._state is LeaseState.LOST or self._loss is not None:
+            return LeaseState.LOST
+        if before is LeaseState.HOLDING and (body is None or self._body is not None):
+            return LeaseState.HOLDING
+        return LeaseState.CLOSED
 
     def _cut_off(self, error: LeaseError, deadline: float | None, left_s: float) -> bool:
         """Whether ``error`` is the cut-off of a call bounded by the trust deadline ``deadline``.
@@ -302,32 +515,6 @@ class HeldLease:
             and error.code is grpc.StatusCode.DEADLINE_EXCEEDED
             and self._window.deadline == deadline
         )
-
-    def _on_lost(self, error: LeaseLost) -> None:
-        """Called by the heartbeat, in its own task, when ownership is lost."""
-        if self._loss is None or self._loss.reason == "LEASE_EXPIRED":
-            self._loss = error
-        if self._releasing or not self._body_active or self._body_task is None:
-            return
-        self._cancelled_body = True
-        self._body_task.cancel()
-
-    async def _finish(self, release: bool) -> None:
-        """Stop the heartbeat and release (best effort; in the background after a loss)."""
-        if self._keeper is not None:
-            # After a loss there is no OK to wait for: cancel the stream at once.
-            await self._keeper.stop(timeout_s=0.0 if self.lost else STOP_TIMEOUT_S)
-        if not release or self._released:
-            return
-        self._released = True
-        loss = self.loss  # judged again: the trust deadline may have passed while stopping
-        if loss is None:
-            await self._release(timeout_s=None, level=logging.WARNING)
-        elif loss.reason not in _NOT_OURS:
-            self._client._spawn(
-                self._release(timeout_s=RELEASE_AFTER_LOSS_TIMEOUT_S, level=logging.INFO),
-                name=f"leasekeeper-release-{self.task_id}",
-            )
 
     async def _release(self, *, timeout_s: float | None, level: int) -> None:
         """Release this fence (within ``timeout_s`` if below the call timeout); log a failure."""
@@ -351,17 +538,18 @@ class LeaseHold:
 
     Entering:
 
-    * claims the task; when another owner holds it and ``wait_s`` is set,
-      retries with exponential backoff and full jitter (never sleeping past the
-      holder's remaining ttl) until ``wait_s`` seconds have passed, then raises
+    * claims the task; when another owner holds it and ``wait_s`` is set, the
+      server waits for it (``Claim`` with ``wait``, woken when the task is
+      released, revoked, completed or expires; a fresh Claim per
+      ``CLAIM_WAIT_MAX_S``) until ``wait_s`` seconds have passed, then raises
       ``ClaimTimeout``; with ``wait_s`` None raises ``NotAcquired`` at once;
     * UNAVAILABLE and DEADLINE_EXCEEDED (the outcome of a claim is then
-      unknown: it may have been granted, its reply lost) are retried the same
-      way within ``wait_s``, else raised (``LeaseUnavailable``, ``LeaseError``).
-      Every attempt of one acquisition carries the same request id, so a retry
-      of a claim that was granted gets that same lease and fence back, on
-      whichever replica it lands; ``TaskCompleted`` and ``InvalidArgument`` are
-      raised;
+      unknown: it may have been granted, its reply lost) are retried with
+      exponential backoff and full jitter within ``wait_s``, else raised
+      (``LeaseUnavailable``, ``LeaseError``). Every attempt of one acquisition
+      carries the same request id, so a retry of a claim that was granted gets
+      that same lease and fence back, on whichever replica it lands;
+      ``TaskCompleted`` and ``InvalidArgument`` are raised;
     * a second ``hold()`` of the same task on the same client counts as "held by
       another owner" until the first exits, without asking the server (both
       are this client's owner id: the server would take the second claim, with
@@ -393,7 +581,7 @@ class LeaseHold:
         self._heartbeat_interval_s = heartbeat_interval_s
         self._release_on_exit = release_on_exit
         self._lease: HeldLease | None = None
-        self._task: asyncio.Task[object] | None = None
+        self._task: asyncio.Task[Any] | None = None
         self._cancelling = 0
 
     async def __aenter__(self) -> HeldLease:
@@ -403,13 +591,18 @@ class LeaseHold:
         if task is None:
             raise RuntimeError("hold() must be used inside an asyncio task")
         self._task, self._cancelling = task, task.cancelling()
-        result = await self._acquire()
+        result = await acquire(
+            self._client,
+            self._task_id,
+            ttl_s=self._ttl_s,
+            max_runtime_s=self._max_runtime_s,
+            wait_s=self._wait_s,
+        )
         try:
             self._lease = self._start(result, task)
         except BaseException:
             self._client._unmark_held(self._task_id)
             raise
-        self._lease._body_active = True
         return self._lease
 
     async def __aexit__(
@@ -420,27 +613,19 @@ class LeaseHold:
     ) -> None:
         lease = self._lease
         assert lease is not None and self._task is not None
-        lease._body_active = False  # before any await: no cancellation lands in here
-        loss = lease.loss  # judged now: the cleanup's own time must not count against the block
-        await self._exit_cleanup()
-        if lease._cancelled_body:
-            mine = self._task.uncancel() <= self._cancelling
-            if mine and (exc is None or isinstance(exc, asyncio.CancelledError)):
-                raise (
-                    loss or LeaseLost(lease._window.loss_reason, lease.task_id, lease.fence)
-                ) from exc
-            return
-        if exc is None and loss is not None:
-            raise loss
-
-    async def _exit_cleanup(self) -> None:
-        assert self._lease is not None
         try:
-            await self._lease._finish(release=self._release_on_exit)
+            ended = await lease.end_block(release=self._release_on_exit)
         finally:
             self._client._unmark_held(self._task_id)
+        if ended.cancelled_for is not None:
+            mine = self._task.uncancel() <= self._cancelling
+            if mine and (exc is None or isinstance(exc, asyncio.CancelledError)):
+                raise ended.cancelled_for from exc
+            return
+        if exc is None and ended.loss is not None:
+            raise ended.loss
 
-    def _start(self, result: ClaimResult, task: asyncio.Task[object]) -> HeldLease:
+    def _start(self, result: ClaimResult, task: asyncio.Task[Any]) -> HeldLease:
         """Trust the grant and start its heartbeat.
 
         Raises:
@@ -466,64 +651,9 @@ class LeaseHold:
                 message=f"lease lost: the grant arrived after its trust deadline "
                 f"({window.loss_reason})",
             )
-        lease = HeldLease(client, info, window)
-        lease._body_task = task
-        first = pb.HeartbeatRequest(
-            namespace=info.namespace,
-            task_id=info.task_id,
-            owner_id=info.owner_id,
-            fence=info.fence,
-            ttl=to_duration(self._ttl_s, "ttl"),
-        )
-        lease._keeper = HeartbeatKeeper(
-            open_stream=client._open_heartbeat,
-            first_request=first,
+        lease = HeldLease(client, info, window, body=task)
+        lease.keep_renewed(
+            ttl_s=self._ttl_s,
             interval_s=beat_interval_s(self._heartbeat_interval_s, ttl_s),
-            window=window,
-            on_lost=lease._on_lost,
-            clock=client.clock,
         )
-        lease._keeper.start()
         return lease
-
-    async def _acquire(self) -> ClaimResult:
-        client, clock = self._client, self._client.clock
-        deadline = None if self._wait_s is None else clock() + self._wait_s
-        backoff = Backoff(CLAIM_BACKOFF_INITIAL_S, CLAIM_BACKOFF_MAX_S)
-        # One logical claim, however many attempts: a retry of an attempt that was
-        # granted (reply lost) gets that lease back instead of superseding it.
-        request_id = new_request_id()
-        while True:
-            hint_s: float | None = None
-            if client._mark_held(self._task_id):
-                try:
-                    result = await client.claim(
-                        self._task_id, self._ttl_s, self._max_runtime_s, request_id=request_id
-                    )
-                except LeaseError as error:
-                    client._unmark_held(self._task_id)
-                    unknown = error.code in _CLAIM_RETRY_CODES
-                    if not unknown or deadline is None or clock() >= deadline:
-                        raise
-                except BaseException:
-                    client._unmark_held(self._task_id)
-                    raise
-                else:
-                    if result.acquired:
-                        return result
-                    client._unmark_held(self._task_id)
-                    hint_s = result.holder_remaining_ttl
-            if deadline is None:
-                raise NotAcquired(
-                    f"task {self._task_id!r} is held by another owner",
-                    task_id=self._task_id,
-                    holder_remaining_ttl=hint_s,
-                )
-            left_s = deadline - clock()
-            if left_s <= 0:
-                raise ClaimTimeout(
-                    f"task {self._task_id!r} still held by another owner after {self._wait_s} s",
-                    task_id=self._task_id,
-                    holder_remaining_ttl=hint_s,
-                )
-            await asyncio.sleep(min(backoff.next_delay_s(hint_s), left_s))

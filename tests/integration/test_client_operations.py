@@ -3,12 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
+import grpc
 import pytest
 
-from leasekeeper import AccessDenied, LeaseClient, LimitExceeded
+from leasekeeper import CHANNEL_OPTIONS, AccessDenied, LeaseClient, LimitExceeded
 from tests.conftest import running_server
+from tests.helpers import poll
 from tests.integration.contract_helpers import limits_loaded
+
+# Well above what a loaded machine adds to a notification's round trip, well below
+# the holder's 30 s ttl (when a waiter that missed the release would get the task).
+AT_ONCE_S = 5.0
+
+
+class CallCounter(grpc.aio.UnaryUnaryClientInterceptor):
+    """Counts the unary calls a channel sends, by method name ("Claim", "Release", ...)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        method = client_call_details.method
+        method = method.decode() if isinstance(method, bytes) else method
+        self.sent.append(method.rsplit("/", 1)[-1])
+        return await continuation(client_call_details, request)
 
 
 async def test_claim_waits_revoke_and_watch_through_the_client(server, namespace):
@@ -61,3 +81,34 @@ async def test_limits_and_access_errors_are_typed(database_url, db, namespace):
                 await client.claim("b", ttl=10.0)
             assert limited.value.reason == "LEASE_LIMIT"
             assert 0 < limited.value.retry_after <= 10.0
+
+
+async def test_hold_wait_is_granted_on_release_by_one_waiting_claim(server, namespace):
+    counter = CallCounter()
+    async with (
+        LeaseClient(server.target, namespace=namespace) as holder,
+        grpc.aio.insecure_channel(
+            server.target, options=CHANNEL_OPTIONS, interceptors=[counter]
+        ) as channel,
+        LeaseClient(namespace=namespace, channel=channel) as waiter,
+    ):
+        granted: list[tuple[int, float]] = []
+
+        async def wait_for_the_task() -> None:
+            async with waiter.hold("t", ttl=30.0, wait=20.0) as lease:
+                granted.append((lease.fence, time.monotonic()))
+
+        async with holder.hold("t", ttl=30.0) as held:
+            waiting = asyncio.ensure_future(wait_for_the_task())
+            await poll(lambda: "Claim" in counter.sent, "the waiter's Claim was sent")
+            # Long enough for a polling client to claim again several times.
+            await asyncio.sleep(1.0)
+            assert not waiting.done()
+        released_at = time.monotonic()  # the holder's exit released the lease
+        await asyncio.wait_for(waiting, AT_ONCE_S + 5.0)
+
+    [(fence, granted_at)] = granted
+    assert fence == held.fence + 1
+    assert granted_at - released_at < AT_ONCE_S  # woken by the release, not the 30 s ttl
+    # The server waited for the task: one Claim for the whole wait, no polling.
+    assert counter.sent.count("Claim") == 1
