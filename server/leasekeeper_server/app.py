@@ -264,7 +264,7 @@ class LeaseServer:
         health_server = grpc.aio.server()
         health_pb2_grpc.add_HealthServicer_to_server(self._health.servicer, health_server)
         try:
-            port = health_server.add_insecure_port(listen)
+            port: int = health_server.add_insecure_port(listen)
         except RuntimeError as exc:
             raise RuntimeError(f"cannot listen on {listen}: {exc}") from exc
         await health_server.start()

@@ -284,7 +284,8 @@ async def run(args: argparse.Namespace) -> int:
         print(f"leasekeeper: {exc}", file=sys.stderr)
         return 2
     async with channel:
-        stub = pb_grpc.LeaseServiceStub(channel)
+        # The generated gRPC stub (scripts/gen_protos.py) has an unannotated constructor.
+        stub = pb_grpc.LeaseServiceStub(channel)  # type: ignore[no-untyped-call]
         try:
             return await _COMMANDS[args.command](stub, args)
         except grpc.aio.AioRpcError as error:

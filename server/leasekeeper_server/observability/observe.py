@@ -95,7 +95,8 @@ def _reason(cause: LeaseServiceError | None, context: Any) -> str | None:
             for detail in st.details:
                 info = error_details_pb2.ErrorInfo()
                 if detail.Unpack(info):
-                    return info.reason
+                    reason: str = info.reason
+                    return reason
     return None
 
 
@@ -173,7 +174,8 @@ class _StreamContext:
         self._on_write(message)
 
 
-class ObserveInterceptor(grpc.aio.ServerInterceptor):
+# grpc ships no type stubs, so its ServerInterceptor is Any.
+class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Counts, traces and audits every LeaseService call (see the module docstring).
 
     Args:

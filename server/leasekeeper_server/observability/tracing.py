@@ -94,7 +94,8 @@ def instrument_sql() -> None:
             return
         from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
 
-        AsyncPGInstrumentor().instrument(tracer_provider=_CallTracerProvider())
+        # opentelemetry-instrumentation-asyncpg leaves its constructor unannotated.
+        AsyncPGInstrumentor().instrument(tracer_provider=_CallTracerProvider())  # type: ignore[no-untyped-call]
         _instrumented = True
 
 

@@ -34,7 +34,7 @@ import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper_server.core.errors import InvalidArgument, LeaseLost
-from leasekeeper_server.core.model import Lease, LossReason, owner_loss
+from leasekeeper_server.core.model import Lease, LeaseRef, LossReason, owner_loss
 from leasekeeper_server.observability.metrics import Metrics
 from leasekeeper_server.rpc import convert, validate
 from leasekeeper_server.rpc.handling import check_parsed
@@ -111,7 +111,7 @@ class _Stream:
         self._metrics = metrics
         self._shutdown = shutdown
         self._context = context
-        self._ref: validate.LeaseRef | None = None
+        self._ref: LeaseRef | None = None
         self._ttl = timedelta(seconds=settings.default_ttl_s)
         self._renew_interval_s = 0.0  # beats sooner than this after a renewal are not written
         self._names: tuple[tuple[str, str], ...] = ()  # the first message's ids, by field

@@ -45,7 +45,8 @@ def bearer_token(metadata: Any) -> str | None:
     return None
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+# grpc ships no type stubs, so its ServerInterceptor is Any.
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Authenticates and authorizes every LeaseService call before its handler runs.
 
     Args:
