@@ -46,9 +46,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from leasekeeper_server.core.model import LIST_SCAN_BUDGET  # noqa: E402
 from leasekeeper_server.storage import queries  # noqa: E402
 from leasekeeper_server.storage.migrate import migrate  # noqa: E402
-from leasekeeper_server.storage.store import LIST_SCAN_BUDGET  # noqa: E402
 
 LOCAL_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # Rows per INSERT (one transaction each): keeps memory and WAL per commit bounded.

@@ -17,7 +17,7 @@ else the embedded PostgreSQL in the data directory. Every server applies a
 change at once (the database announces it on channel ``leasekeeper_config``).
 Listings print an aligned table, or JSON (one object per line) with ``--json``.
 A bad option value exits 2; a database that cannot be used exits 1, or 2 when
-it refuses the connection for good (cli.py says why, in one line).
+it refuses the connection for good (cli/main.py says why, in one line).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Logging from the settings, pydantic's errors as ``LEASEKEEPER_*`` lines, the
 event loop (uvloop) and the collector's tuning, and the start that retries
 while the database is out of reach. Only the standard library is imported at
-module level: ``cli.py`` imports this module and must start without the
+module level: ``cli/main.py`` imports this module and must start without the
 server's extras for the thin-client commands.
 """
 

@@ -399,7 +399,7 @@ class Supervisor:
 async def supervise(settings: Settings) -> int:
     """``serve`` with ``settings.workers`` (> 1) worker processes; returns the exit status.
 
-    The caller has checked the listen addresses are free (cli.py). Resolves
+    The caller has checked the listen addresses are free (cli/main.py). Resolves
     the database (the embedded one is started here, once, and stopped last),
     refuses a pooler that cannot work and migrates it (``prepare_database``,
     as a lone server does), reserves the shared ports, checks the metrics

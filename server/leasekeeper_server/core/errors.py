@@ -23,7 +23,7 @@
         └── ShuttingDown          the server is draining
 
 The mapping to gRPC lives in one table, in ``status.py``. These errors never
-mention asyncpg, SQLSTATEs or tables: ``store.py`` translates driver errors.
+mention asyncpg, SQLSTATEs or tables: ``storage/driver_errors.py`` translates driver errors.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ class DatabaseRefused(DatabaseUnavailable):
     database that does not exist, or connection parameters the driver cannot
     use: the configuration must change. A caller of a serving server still
     gets UNAVAILABLE (another replica may be configured right); at start the
-    commands exit at once (cli.py) instead of retrying.
+    commands exit at once (cli/main.py) instead of retrying.
     """
 
 

@@ -43,6 +43,11 @@ from typing import Any
 
 ZERO = timedelta(0)
 
+# The most tasks one ListLeases call reads, however rare its filter's matches
+# (the `$6` of statement list_leases): a listing's cost never follows the
+# namespace's size. A page of a rare filter may be short and not the last.
+LIST_SCAN_BUDGET = 1000
+
 
 class TaskState(enum.StrEnum):
     """A task's state, as judged on the database clock."""
@@ -180,7 +185,7 @@ class ClaimOutcome:
     """What a claim did.
 
     Attributes:
-        acquired: the caller holds the lease in ``task``.
+        acquired: the caller holds ``lease``.
         lease: the task's lease after the claim (the holder's when not acquired).
         retry_after: when not acquired, how long until the task can be granted
             as far as the database can tell now (the holder's remaining ttl,
@@ -192,35 +197,35 @@ class ClaimOutcome:
     retry_after: timedelta = ZERO
 
 
-def fence_loss(task: Lease | None, fence: int) -> LossReason | None:
-    """Says why ``fence`` may not act on ``task`` now, or None if it may.
+def fence_loss(lease: Lease | None, fence: int) -> LossReason | None:
+    """Says why ``fence`` may not act on ``lease`` now, or None if it may.
 
     The rule behind ValidateFence: a fence is valid iff it is the current
     fence, the lease is HELD on the database clock and the task is not
     COMPLETED.
     """
-    current = task.fence if task is not None else 0
+    current = lease.fence if lease is not None else 0
     if fence > current:
         return LossReason.FENCE_UNKNOWN
-    assert task is not None
-    if task.state is TaskState.COMPLETED:
+    assert lease is not None
+    if lease.state is TaskState.COMPLETED:
         return LossReason.TASK_COMPLETED
     if fence < current:
         return LossReason.LEASE_SUPERSEDED
-    return task.last_loss
+    return lease.last_loss
 
 
-def owner_loss(task: Lease | None, owner_id: str, fence: int) -> LossReason | None:
-    """Says why ``owner_id`` with ``fence`` does not hold ``task`` now, or None if it does.
+def owner_loss(lease: Lease | None, owner_id: str, fence: int) -> LossReason | None:
+    """Says why ``owner_id`` with ``fence`` does not hold ``lease`` now, or None if it does.
 
     Like :func:`fence_loss`, and NOT_OWNER when the fence is the task's current
     one but was granted to another owner.
     """
-    reason = fence_loss(task, fence)
+    reason = fence_loss(lease, fence)
     if (
-        task is not None
-        and fence == task.fence
-        and task.owner_id != owner_id
+        lease is not None
+        and fence == lease.fence
+        and lease.owner_id != owner_id
         and reason is not LossReason.TASK_COMPLETED
     ):
         return LossReason.NOT_OWNER

@@ -38,16 +38,12 @@ from leasekeeper_server.core.model import Lease, LeaseRef, LossReason, owner_los
 from leasekeeper_server.observability.metrics import Metrics
 from leasekeeper_server.rpc import convert, validate
 from leasekeeper_server.rpc.handling import check_parsed
-from leasekeeper_server.rpc.waiting import Woken, first_of, guarding_credentials
+from leasekeeper_server.rpc.waiting import TIMER_SLACK_S, Woken, first_of, guarding_credentials
 from leasekeeper_server.security import caller as auth
 from leasekeeper_server.settings import Settings
 from leasekeeper_server.storage.protocol import ChangeFeed, LeaseStore
 
 log = logging.getLogger(__name__)
-
-# Slack added to the expiry timer so the read lands just after the instant
-# the database will judge the lease expired.
-_TIMER_SLACK_S = 0.02
 
 
 class HeartbeatService:
@@ -202,7 +198,7 @@ class _Stream:
     def _until_check_s(self) -> float:
         assert self._lease is not None
         elapsed = time.monotonic() - self._seen_at
-        return max(0.0, self._lease.remaining_ttl.total_seconds() - elapsed) + _TIMER_SLACK_S
+        return max(0.0, self._lease.remaining_ttl.total_seconds() - elapsed) + TIMER_SLACK_S
 
     def _beat_renews(self, message: Any) -> bool:
         """Checks a beat; True when it is to be written (a renewal), False when answered as is.

@@ -24,14 +24,10 @@ from leasekeeper_server.rpc.handling import parse_or_malformed, streaming, unary
 from leasekeeper_server.rpc.heartbeat import HeartbeatService
 from leasekeeper_server.rpc.paging import PageTokens
 from leasekeeper_server.rpc.service import SERVICE_NAME
-from leasekeeper_server.rpc.waiting import Woken, first_of, guarding_credentials
+from leasekeeper_server.rpc.waiting import TIMER_SLACK_S, Woken, first_of, guarding_credentials
 from leasekeeper_server.rpc.watch import WatchService
 from leasekeeper_server.settings import Settings
 from leasekeeper_server.storage.protocol import ChangeFeed, EffectStore, LeaseStore
-
-# Added to a waiting claim's timer so its retry lands just after the instant
-# the database will judge the holder's lease (and lock delay) over.
-_WAIT_SLACK_S = 0.02
 
 
 class LeaseServicer:
@@ -123,7 +119,7 @@ class LeaseServicer:
                     left_s = give_up_at - loop.time()
                     if left_s <= 0:
                         break
-                    timer_s = max(outcome.retry_after.total_seconds(), 0.0) + _WAIT_SLACK_S
+                    timer_s = max(outcome.retry_after.total_seconds(), 0.0) + TIMER_SLACK_S
                     woken = await first_of(
                         changed=changed,
                         shutdown=self._shutdown,
@@ -147,8 +143,8 @@ class LeaseServicer:
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
         """Releases or completes a lease; idempotent for the same fence."""
         ref = validate.lease_ref(request, self._settings)
-        task = await self._store.release(ref, request.complete)
-        return pb.ReleaseResponse(lease=convert.lease(task))
+        lease = await self._store.release(ref, request.complete)
+        return pb.ReleaseResponse(lease=convert.lease(lease))
 
     @unary
     async def ValidateFence(
@@ -157,18 +153,18 @@ class LeaseServicer:
         """Says whether a fence may act now; always OK."""
         key = validate.task_key(request, self._settings)
         fence = validate.fence("fence", request.fence)
-        task = await self._store.get_lease(key)
-        reason = fence_loss(task, fence)
-        if reason is None and task is not None:
+        lease = await self._store.get_lease(key)
+        reason = fence_loss(lease, fence)
+        if reason is None and lease is not None:
             return pb.ValidateFenceResponse(
                 valid=True,
-                current_fence=task.fence,
-                remaining_ttl=convert.duration(task.remaining_ttl),
-                expire_time=convert.timestamp(task.expire_time),
+                current_fence=lease.fence,
+                remaining_ttl=convert.duration(lease.remaining_ttl),
+                expire_time=convert.timestamp(lease.expire_time),
             )
         return pb.ValidateFenceResponse(
             valid=False,
-            current_fence=task.fence if task is not None else 0,
+            current_fence=lease.fence if lease is not None else 0,
             reason=convert.loss_reason(reason),
         )
 
@@ -176,12 +172,12 @@ class LeaseServicer:
     async def GetLease(self, request: pb.GetLeaseRequest, context: Any) -> pb.GetLeaseResponse:
         """The task's current state; NOT_FOUND when never claimed."""
         key = validate.task_key(request, self._settings)
-        task = await self._store.get_lease(key)
-        if task is None:
+        lease = await self._store.get_lease(key)
+        if lease is None:
             raise TaskNotFound(
                 f"task {key.task_id!r} in namespace {key.namespace!r} was never claimed"
             )
-        return pb.GetLeaseResponse(lease=convert.lease(task))
+        return pb.GetLeaseResponse(lease=convert.lease(lease))
 
     @unary
     async def ListLeases(
@@ -248,8 +244,8 @@ class LeaseServicer:
         key = validate.task_key(request, self._settings)
         reason = validate.revoke_reason(request.reason)
         fence = validate.optional_fence("fence", request.fence)
-        revoked, task = await self._store.revoke(key, reason, fence)
-        return pb.RevokeResponse(revoked=revoked, lease=convert.lease(task))
+        revoked, lease = await self._store.revoke(key, reason, fence)
+        return pb.RevokeResponse(revoked=revoked, lease=convert.lease(lease))
 
     @streaming
     async def Heartbeat(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:

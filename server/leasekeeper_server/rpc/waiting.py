@@ -23,6 +23,11 @@ from typing import Any
 from leasekeeper_server.core.errors import ShuttingDown
 from leasekeeper_server.security import caller as auth
 
+# Added to a timer set for an instant the database named (a lease's expiry, a
+# task's retry_after), seconds: the look it schedules lands just after the
+# instant the database will judge over, not just before it.
+TIMER_SLACK_S = 0.02
+
 
 class Woken(enum.Enum):
     """Why :func:`first_of` returned (shutdown and lost credentials raise instead)."""

@@ -59,18 +59,18 @@ def event_message(data: dict[str, Any]) -> pb.TaskEvent | None:
     kind = _EVENT_TYPE.get(data.get("event", ""))
     if kind is None:
         return None
-    task = lease_of_event(data)
+    lease = lease_of_event(data)
     return pb.TaskEvent(
-        type=kind, lease=convert.lease(task), event_time=convert.timestamp(task.db_now)
+        type=kind, lease=convert.lease(lease), event_time=convert.timestamp(lease.db_now)
     )
 
 
-def snapshot_message(task: Lease | None, key: TaskKey | None) -> pb.TaskEvent:
+def snapshot_message(lease: Lease | None, key: TaskKey | None) -> pb.TaskEvent:
     """A SNAPSHOT event: the task as read (or a never-claimed task; or no lease at all)."""
     message = pb.TaskEvent(type=pb.TASK_EVENT_TYPE_SNAPSHOT)
-    if task is not None:
-        message.lease.CopyFrom(convert.lease(task))
-        message.event_time.CopyFrom(convert.timestamp(task.db_now))
+    if lease is not None:
+        message.lease.CopyFrom(convert.lease(lease))
+        message.event_time.CopyFrom(convert.timestamp(lease.db_now))
     elif key is not None:
         message.lease.namespace = key.namespace
         message.lease.task_id = key.task_id
@@ -136,9 +136,9 @@ class WatchService:
                             await context.write(message)
 
     async def _snapshot(self, context: grpc.aio.ServicerContext, key: TaskKey) -> Lease | None:
-        task = await self._store.get_lease(key)
-        await context.write(snapshot_message(task, key))
-        return task
+        lease = await self._store.get_lease(key)
+        await context.write(snapshot_message(lease, key))
+        return lease
 
 
 def _already_shown(snapshot: Lease, data: dict[str, Any]) -> bool:

@@ -75,6 +75,7 @@ from leasekeeper_server.core.limits import (
     wait_for_token_s,
 )
 from leasekeeper_server.core.model import (
+    LIST_SCAN_BUDGET,
     ClaimOutcome,
     Lease,
     LeaseRef,
@@ -90,10 +91,6 @@ if TYPE_CHECKING:
     from leasekeeper_server.storage.protocol import ChangeFeed, EffectStore, LeaseStore
 
 Clock = Callable[[], datetime]
-
-# The most tasks one list_leases call reads: store.LIST_SCAN_BUDGET, the
-# `$6` of SQL list_leases (tests/conformance checks the two page alike).
-LIST_SCAN_BUDGET = 1000
 
 # The first fence of a task: leasekeeper_fence_floor() on timeline 1.
 FIRST_FENCE = 1

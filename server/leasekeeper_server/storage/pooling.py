@@ -10,7 +10,7 @@ statement "__asyncpg_stmt_…" does not exist``); one in statement mode
 (``pool_mode=statement``) closes the connection of a client that opens a
 transaction block. That can never work (support for transaction pooling is a
 later change), so the server refuses to start (status 2, in one line, as for
-any setting that can never work: cli.py) rather than serve calls it cannot
+any setting that can never work: cli/main.py) rather than serve calls it cannot
 decide, or retry for ``startup_wait_s`` a connection that is closed each time.
 
 The probe uses two connections, A and B, with no statement cache, each

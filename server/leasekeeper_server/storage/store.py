@@ -36,6 +36,7 @@ from leasekeeper_server.core.errors import (
 )
 from leasekeeper_server.core.limits import NO_LIMITS, NamespaceLimits, refill, wait_for_token_s
 from leasekeeper_server.core.model import (
+    LIST_SCAN_BUDGET,
     ZERO,
     ClaimOutcome,
     Lease,
@@ -64,9 +65,6 @@ APPLICATION_NAME = "leasekeeper"
 
 # The longest a batched statement may run, seconds (see Store.open).
 BATCH_TIMEOUT_S = 1.5
-
-# The most tasks one ListLeases call reads, however rare its filter's matches.
-LIST_SCAN_BUDGET = 1000
 
 __all__ = ["APPLICATION_NAME", "Store", "connection_settings", "translate_errors"]
 
@@ -363,7 +361,7 @@ class Store:
             key.namespace, key.task_id, owner_id, ttl, max_runtime, request_id, delay
         )
         # Claims in namespaces without a lease or rate limit arriving together
-        # share one statement (claim_many); limited ones run in a transaction each.
+        # share one statement (``claim``, batched); limited ones run in a transaction each.
         # A read after a failed claim can find the task freed in between; the
         # claim is then simply tried again (bounded: each retry follows a
         # commit by some other call). A claim that was not sent because its
@@ -383,20 +381,20 @@ class Store:
             tries += sent
             if row is not None and sent:
                 return ClaimOutcome(True, lease_from_row(row))
-            task = await self.get_lease(key)
-            if task is None:
+            lease = await self.get_lease(key)
+            if lease is None:
                 continue
-            state = task.state
+            state = lease.state
             if state is TaskState.COMPLETED:
-                raise TaskCompleted(task.fence)
+                raise TaskCompleted(lease.fence)
             if state is TaskState.HELD:
-                if task.is_claim_of(owner_id, request_id):
-                    return ClaimOutcome(True, task)
-                if not sent and task.owner_id == owner_id:
+                if lease.is_claim_of(owner_id, request_id):
+                    return ClaimOutcome(True, lease)
+                if not sent and lease.owner_id == owner_id:
                     continue  # another incarnation of this owner: this claim supersedes it
-                return ClaimOutcome(False, task, task.remaining_ttl + delay)
-            if state is TaskState.EXPIRED and task.expire_time + delay > task.db_now:
-                return ClaimOutcome(False, task, task.expire_time + delay - task.db_now)
+                return ClaimOutcome(False, lease, lease.remaining_ttl + delay)
+            if state is TaskState.EXPIRED and lease.expire_time + delay > lease.db_now:
+                return ClaimOutcome(False, lease, lease.expire_time + delay - lease.db_now)
         raise DatabaseUnavailable("claim did not settle; try again")
 
     async def _limited_claim(self, params: ClaimParams, take_token: bool) -> asyncpg.Record | None:
@@ -450,7 +448,7 @@ class Store:
         """Extends a live lease to least(db clock + ttl, runtime deadline).
 
         Atomic; never revives an expired lease. Renewals arriving together
-        (heartbeat beats, Renew calls) share one statement (``renew_many``).
+        (heartbeat beats, Renew calls) share one statement (``renew``, batched).
 
         Raises:
             LeaseLost: (ABORTED) with the reason the lease is not live.
@@ -481,18 +479,18 @@ class Store:
         )
         if row is not None:
             return lease_from_row(row)
-        task = await self.get_lease(ref.key)
-        reason = owner_loss(task, ref.owner_id, ref.fence)
-        if task is not None and reason in (LossReason.LEASE_RELEASED, LossReason.TASK_COMPLETED):
-            if task.fence == ref.fence and task.owner_id == ref.owner_id:
-                return task
-        raise _lost(task, reason or LossReason.LEASE_SUPERSEDED)
+        lease = await self.get_lease(ref.key)
+        reason = owner_loss(lease, ref.owner_id, ref.fence)
+        if lease is not None and reason in (LossReason.LEASE_RELEASED, LossReason.TASK_COMPLETED):
+            if lease.fence == ref.fence and lease.owner_id == ref.owner_id:
+                return lease
+        raise _lost(lease, reason or LossReason.LEASE_SUPERSEDED)
 
     async def _loss(self, ref: LeaseRef) -> LeaseLost:
-        task = await self.get_lease(ref.key)
+        lease = await self.get_lease(ref.key)
         # The renewal found no live lease; a read an instant later can only
         # confirm a loss, except for a lease that expired exactly in between.
-        return _lost(task, owner_loss(task, ref.owner_id, ref.fence) or LossReason.LEASE_EXPIRED)
+        return _lost(lease, owner_loss(lease, ref.owner_id, ref.fence) or LossReason.LEASE_EXPIRED)
 
     async def list_leases(
         self,
@@ -523,10 +521,10 @@ class Store:
             owner_id,
             budget,
         )
-        tasks = [lease_from_row(r) for r in rows if r["matches"]]
-        if len(tasks) < limit and rows and rows[-1]["scanned"] >= budget:
-            return tasks, rows[-1]["task_id"]
-        return tasks, None
+        leases = [lease_from_row(r) for r in rows if r["matches"]]
+        if len(leases) < limit and rows and rows[-1]["scanned"] >= budget:
+            return leases, rows[-1]["task_id"]
+        return leases, None
 
     async def revoke(self, key: TaskKey, reason: str, fence: int) -> tuple[bool, Lease]:
         """Ends the task's lease now (an operator's call); the task becomes FREE.
@@ -548,14 +546,14 @@ class Store:
         row = await self._fetchrow("revoke", key.namespace, key.task_id, reason, fence)
         if row is not None:
             return True, lease_from_row(row)
-        task = await self.get_lease(key)
-        if task is None:
+        lease = await self.get_lease(key)
+        if lease is None:
             raise TaskNotFound(
                 f"task {key.task_id!r} in namespace {key.namespace!r} was never claimed"
             )
-        if task.state is TaskState.COMPLETED:
-            raise TaskCompleted(task.fence)
-        return False, task
+        if lease.state is TaskState.COMPLETED:
+            raise TaskCompleted(lease.fence)
+        return False, lease
 
     async def load_limits(self) -> dict[str, NamespaceLimits]:
         """Every namespace's limits (see limits.py)."""
@@ -571,5 +569,5 @@ class Store:
         }
 
 
-def _lost(task: Lease | None, reason: LossReason) -> LeaseLost:
-    return LeaseLost(reason, task.fence if task is not None else 0)
+def _lost(lease: Lease | None, reason: LossReason) -> LeaseLost:
+    return LeaseLost(reason, lease.fence if lease is not None else 0)

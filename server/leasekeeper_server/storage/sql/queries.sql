@@ -76,9 +76,9 @@ SET (owner_id, fence, state, expire_time, runtime_deadline, claim_time, update_t
      WHERE p.namespace = EXCLUDED.namespace AND p.task_id = EXCLUDED.task_id)
 WHERE t.state IN ('released', 'revoked')
    OR (t.state = 'held'
-       AND t.expire_time + (SELECT p.lock_delay FROM p
-                            WHERE p.namespace = EXCLUDED.namespace
-                              AND p.task_id = EXCLUDED.task_id) <= clock_timestamp())
+       AND NOT {{lease_is_live:clock_timestamp() - (SELECT p.lock_delay FROM p
+                                                    WHERE p.namespace = EXCLUDED.namespace
+                                                      AND p.task_id = EXCLUDED.task_id)}})
    OR (t.state = 'held' AND t.owner_id = EXCLUDED.owner_id
        AND EXCLUDED.claim_request_id IS NOT NULL
        AND t.claim_request_id IS DISTINCT FROM EXCLUDED.claim_request_id)
@@ -320,10 +320,10 @@ FROM leasekeeper_namespace_limits;
 UPDATE leasekeeper_tasks AS t
 SET expiry_announced_fence = t.fence
 WHERE t.ctid = ANY (ARRAY(
-    SELECT ctid FROM leasekeeper_tasks
-    WHERE state = 'held' AND expiry_announced_fence IS DISTINCT FROM fence
-      AND expire_time <= clock_timestamp()
-    ORDER BY namespace, task_id
+    SELECT t.ctid FROM leasekeeper_tasks t
+    WHERE t.state = 'held' AND t.expiry_announced_fence IS DISTINCT FROM t.fence
+      AND NOT {{lease_is_live}}
+    ORDER BY t.namespace, t.task_id
     LIMIT $1::int
     FOR UPDATE SKIP LOCKED))
 RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.expire_time;
