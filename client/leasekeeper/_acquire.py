@@ -19,6 +19,16 @@ Retried with exponential backoff and full jitter, within the caller's wait:
   as such a server needs, never sleeping past the holder's remaining ttl;
 * a task this client already holds in another ``hold()``: counted as held by
   another owner without asking the server (see ``LeaseHold``).
+
+A grant that came out of a wait is confirmed before it is used when the wait
+took more than half of its remaining ttl: the client measures its trust in a
+lease from the instant it sent the Claim (the grant happened somewhere inside
+the wait, and only the send time is certainly before it), so a long wait
+would leave the lease too little trust, or none (a grant after a holder's
+1 s lease ran out, answered a second after the Claim was sent, is already
+past its trust deadline). The confirmation is a Claim without ``wait`` and with
+the same request id: the server hands the same lease back, read now, and the
+trust counts from its send time.
 """
 
 from __future__ import annotations
@@ -89,11 +99,12 @@ async def acquire(
     # granted (reply lost) gets that lease back instead of superseding it.
     request_id = new_request_id()
     asked_max_s: float | None = CLAIM_WAIT_MAX_S  # None: the server refuses waits, poll
+    confirming = False  # the next Claim confirms a grant that came out of a long wait
     while True:
         hint_s: float | None = None
         back_off = True
         if client._mark_held(task_id):
-            server_wait_s = _server_wait_s(deadline, clock(), asked_max_s)
+            server_wait_s = None if confirming else _server_wait_s(deadline, clock(), asked_max_s)
             try:
                 result = await client._claim(
                     task_id,
@@ -121,7 +132,14 @@ async def acquire(
                 raise
             else:
                 if result.acquired:
-                    return result
+                    if server_wait_s is None or not _waited_long(result, clock()):
+                        return result
+                    # Confirm it at once, without waiting (module docstring), even
+                    # past the caller's deadline: the task is this client's.
+                    client._unmark_held(task_id)
+                    confirming = True
+                    continue
+                confirming = False
                 client._unmark_held(task_id)
                 hint_s = result.holder_remaining_ttl
                 # A server that waited its whole wait answers after it: ask again at once.
@@ -142,6 +160,16 @@ async def acquire(
             )
         if back_off:
             await asyncio.sleep(min(backoff.next_delay_s(hint_s), left_s))
+
+
+def _waited_long(result: ClaimResult, now: float) -> bool:
+    """True when a granted Claim's reply came after half of the lease's remaining ttl.
+
+    The trust deadline counts from the send time (``_trust``), so such a grant
+    leaves less than half its ttl to act on, or nothing.
+    """
+    assert result.lease is not None
+    return now - result.send_time > result.lease.remaining_ttl / 2
 
 
 def _server_wait_s(deadline: float | None, now: float, asked_max_s: float | None) -> float | None:

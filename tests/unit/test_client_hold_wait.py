@@ -152,3 +152,54 @@ async def test_hold_wait_for_a_server_that_answers_at_once_backs_off(server, cli
             pytest.fail("must not enter")
     assert len(server.claims) >= 2
     assert len(backoffs) == len(server.claims) - 1  # a sleep before each poll but the last
+
+
+class SlowGrantServer(FakeLeaseServer):
+    """Grants a Claim with ``wait`` only after ``grant_after_s`` (the holder's lease ran out).
+
+    A Claim repeating the last granted request id gets that lease back, as the
+    real server hands a retry its lease.
+    """
+
+    def __init__(self, grant_after_s: float) -> None:
+        super().__init__()
+        self.grant_after_s = grant_after_s
+        self.granted: dict[str, int] = {}  # request id -> fence
+
+    async def unary(self, name: str, request):
+        if name == "Claim" and request.request_id in self.granted:
+            self.claims.append(request)
+            reply = pb.ClaimResponse(acquired=True, lease=self.lease(request))
+            reply.lease.fence = self.granted[request.request_id]
+            return reply
+        if name == "Claim" and request.HasField("wait"):
+            await asyncio.sleep(self.grant_after_s)
+        answer = await super().unary(name, request)
+        if name == "Claim" and answer.acquired:
+            self.granted[request.request_id] = answer.lease.fence
+        return answer
+
+
+async def test_a_grant_after_a_long_wait_is_confirmed_before_it_is_used():
+    # The grant came 1.05 s after the Claim was sent, on a 2 s ttl: trusting it from
+    # the send time leaves under half of it. A Claim without wait and with the same
+    # request id gets the same lease back, read now, and the hold starts from that.
+    server = SlowGrantServer(grant_after_s=1.05)
+    server.granted_ttl_s = 2.0
+    client = LeaseClient(namespace="ns", owner_id="worker-1", channel=FakeChannel(server))
+    async with client.hold("t1", ttl=TTL_S, wait=5.0) as lease:
+        assert lease.fence == 1
+        assert lease.loss is None
+    first, second = server.claims
+    assert first.HasField("wait") and not second.HasField("wait")
+    assert first.request_id == second.request_id
+    assert server.fence == 1  # one grant
+
+
+async def test_a_grant_soon_after_the_claim_is_used_as_it_is():
+    server = SlowGrantServer(grant_after_s=0.0)
+    server.granted_ttl_s = 30.0  # answered well within half of it, however loaded the machine
+    client = LeaseClient(namespace="ns", owner_id="worker-1", channel=FakeChannel(server))
+    async with client.hold("t1", ttl=TTL_S, wait=5.0) as lease:
+        assert lease.fence == 1
+    assert len(server.claims) == 1
