@@ -15,6 +15,7 @@ import re
 import sys
 import tempfile
 import time
+import tomllib
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator
@@ -54,7 +55,17 @@ class ServerTarget:
         return self.gauge("leasekeeper_db_statements_total")
 
 
-def _command() -> list[str]:
+def _command(source: Path | None = None) -> list[str]:
+    """The ``leasekeeper`` command: this checkout's, or the one ``source``'s pyproject names.
+
+    An earlier checkout may keep its command elsewhere (``leasekeeper_server.cli:main``
+    before the server's modules moved into folders), so its own entry point is run.
+    """
+    if source is not None:
+        scripts = tomllib.loads((source / "pyproject.toml").read_text())["project"]["scripts"]
+        module, function = scripts["leasekeeper"].split(":")
+        run = f"import sys; from {module} import {function} as main; sys.exit(main())"
+        return [sys.executable, "-c", run]
     script = Path(sys.executable).with_name("leasekeeper")
     return (
         [str(script)] if script.exists() else [sys.executable, "-m", "leasekeeper_server.cli.main"]
@@ -94,7 +105,7 @@ async def leasekeeper_server(
     log_path = _new_log(log_dir)
     with log_path.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            *_command(), "serve", env=env, stdout=log, stderr=log, start_new_session=True
+            *_command(source), "serve", env=env, stdout=log, stderr=log, start_new_session=True
         )
     try:
         port = metrics_port = 0

@@ -5,8 +5,9 @@ element per call, named by the statement's ``unnest(...) AS p(names)``. A
 single call is a batch of one, so each decision is written once in SQL. The
 parameters of a statement are a frozen dataclass whose fields are those names
 in that order (:class:`ClaimParams`, :class:`RenewParams`, and
-:class:`~leasekeeper_server.core.model.TaskKey` for reads): :func:`arrays`
-turns a batch into the statement's arguments by field, and
+:class:`~leasekeeper_server.core.model.TaskKey` for reads):
+:meth:`BatchedStatement.arrays` turns a batch into the statement's arguments
+by field, and
 :class:`BatchedStatement` refuses at start a dataclass whose fields do not
 match the SQL's names, so no argument is placed by position by hand.
 
@@ -119,9 +120,9 @@ def unnest_names(sql: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in match.group(1).split(","))
 
 
-def arrays(params: type[Any], items: Sequence[Any]) -> list[list[Any]]:
-    """The statement's arguments for a batch: one array per field of ``params``, in field order."""
-    return [[getattr(item, f.name) for item in items] for f in dataclasses.fields(params)]
+def field_names(params: type[object]) -> tuple[str, ...]:
+    """A parameter dataclass's field names, in order."""
+    return tuple(f.name for f in dataclasses.fields(cast(Any, params)))
 
 
 def task_of(item: Params) -> tuple[str, str]:
@@ -167,7 +168,7 @@ class BatchedStatement(Generic[P]):
     ) -> None:
         self.name = name
         self.sql = sql[name]
-        fields = tuple(f.name for f in dataclasses.fields(cast(Any, params)))
+        fields = self.fields = field_names(params)
         if unnest_names(self.sql) != fields:
             raise ValueError(
                 f"{params.__name__} fields {fields} are not statement {name!r}'s "
@@ -194,6 +195,10 @@ class BatchedStatement(Generic[P]):
             with contextlib.suppress(asyncpg.InterfaceError):  # released by the driver on close
                 await self._pool.release(kept)
 
+    def arrays(self, items: Sequence[P]) -> list[list[Any]]:
+        """The statement's arguments for ``items``: one array per parameter field, in order."""
+        return [[getattr(item, name) for item in items] for name in self.fields]
+
     async def _run_batch(self, items: Sequence[P]) -> list[Answer]:
         """Runs the statement over ``items``; each item's row, None, or RUN_ALONE.
 
@@ -208,7 +213,7 @@ class BatchedStatement(Generic[P]):
         Raises:
             DatabaseUnavailable: the database cannot be reached (or refused).
         """
-        args = arrays(self.params, items)
+        args = self.arrays(items)
         try:
             for attempt in (1, 2):
                 kept, self._kept = self._kept, None

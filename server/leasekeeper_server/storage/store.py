@@ -58,7 +58,6 @@ from leasekeeper_server.storage.statements import (
     ClaimParams,
     RenewParams,
     Unsent,
-    arrays,
 )
 
 APPLICATION_NAME = "leasekeeper"
@@ -311,7 +310,7 @@ class Store:
         long as a single call may (the request pool's lock timeout).
         """
         async with self._connection() as conn:
-            rows = await conn.fetch(statement.sql, *arrays(statement.params, [params]))
+            rows = await conn.fetch(statement.sql, *statement.arrays([params]))
         return rows[0] if rows else None
 
     async def claim(
@@ -408,7 +407,7 @@ class Store:
         async with self.transaction() as conn:
             limit = await conn.fetchrow(self._sql["lock_limits"], params.namespace)
             if limit is None:  # the limits were removed since the cache was loaded
-                return await conn.fetchrow(self._claims.sql, *arrays(ClaimParams, [params]))
+                return await conn.fetchrow(self._claims.sql, *self._claims.arrays([params]))
             rate = limit["claims_per_second"]
             if rate is not None and take_token:
                 bucket = refill(
@@ -427,7 +426,7 @@ class Store:
                 await conn.execute(
                     self._sql["take_claim_token"], params.namespace, bucket.tokens - 1.0, bucket.at
                 )
-            row = await conn.fetchrow(self._claims.sql, *arrays(ClaimParams, [params]))
+            row = await conn.fetchrow(self._claims.sql, *self._claims.arrays([params]))
             max_leases = limit["max_leases"]
             if row is not None and max_leases is not None:
                 live = await conn.fetchrow(
