@@ -27,8 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import asyncpg
 
@@ -36,7 +35,7 @@ from leasekeeper_server.core.model import TaskKey
 from leasekeeper_server.storage import driver_errors
 from leasekeeper_server.storage.driver_errors import translate_errors
 from leasekeeper_server.storage.store import APPLICATION_NAME
-from leasekeeper_server.storage.subscription import Subscription
+from leasekeeper_server.storage.subscription import Fanout, Subscription
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +50,7 @@ class LeaseEvents:
         self._dsn = dsn
         self._ping_interval_s = ping_interval_s
         self._connect_timeout_s = connect_timeout_s
-        self._watchers: defaultdict[TaskKey, set[asyncio.Event]] = defaultdict(set)
-        # By (namespace, task_id): task_id None for a whole namespace, both None for all.
-        self._subscribers: defaultdict[tuple[str | None, str | None], set[Subscription]] = (
-            defaultdict(set)
-        )
+        self._fanout = Fanout()
         self._config_callbacks: list[Callable[[str], None]] = []
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
@@ -73,34 +68,15 @@ class LeaseEvents:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    @contextlib.contextmanager
-    def watch(self, key: TaskKey) -> Iterator[asyncio.Event]:
+    def watch(self, key: TaskKey) -> contextlib.AbstractContextManager[asyncio.Event]:
         """An event set whenever ``key``'s ownership may have changed; clear it after checking."""
-        event = asyncio.Event()
-        self._watchers[key].add(event)
-        try:
-            yield event
-        finally:
-            watchers = self._watchers.get(key)
-            if watchers is not None:
-                watchers.discard(event)
-                if not watchers:
-                    del self._watchers[key]
+        return self._fanout.watch(key)
 
-    @contextlib.contextmanager
-    def subscribe(self, namespace: str | None, task_id: str | None) -> Iterator[Subscription]:
+    def subscribe(
+        self, namespace: str | None, task_id: str | None
+    ) -> contextlib.AbstractContextManager[Subscription]:
         """The events of one task, of every task of a namespace (task_id None), or of all (both)."""
-        sub = Subscription()
-        topic = (namespace, task_id)
-        self._subscribers[topic].add(sub)
-        try:
-            yield sub
-        finally:
-            subs = self._subscribers.get(topic)
-            if subs is not None:
-                subs.discard(sub)
-                if not subs:
-                    del self._subscribers[topic]
+        return self._fanout.subscribe(namespace, task_id)
 
     def on_config(self, callback: Callable[[str], None]) -> None:
         """Calls ``callback(payload)`` on every config change ('tokens', 'limits', or '*').
@@ -111,12 +87,7 @@ class LeaseEvents:
         self._config_callbacks.append(callback)
 
     def _wake_all(self) -> None:
-        for events in self._watchers.values():
-            for event in events:
-                event.set()
-        for subs in self._subscribers.values():
-            for sub in subs:
-                sub.mark_gap()
+        self._fanout.wake_all()
         self._config_changed("*")
 
     def _config_changed(self, payload: str) -> None:
@@ -136,12 +107,7 @@ class LeaseEvents:
         except (ValueError, KeyError, TypeError):
             log.warning("ignored a malformed %s notification", CHANNEL)
             return
-        for event in self._watchers.get(key, ()):
-            event.set()
-        if "event" in data:
-            for topic in ((key.namespace, key.task_id), (key.namespace, None), (None, None)):
-                for sub in self._subscribers.get(topic, ()):
-                    sub.push(data)
+        self._fanout.deliver(key, data if "event" in data else None)
 
     async def _run(self) -> None:
         backoff_s = 0.1

@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -85,7 +83,7 @@ from leasekeeper_server.core.model import (
     fence_loss,
     owner_loss,
 )
-from leasekeeper_server.storage.subscription import Subscription
+from leasekeeper_server.storage.subscription import Fanout
 
 if TYPE_CHECKING:
     from leasekeeper_server.storage.protocol import ChangeFeed, EffectStore, LeaseStore
@@ -218,70 +216,20 @@ def _trigger_events(old: _Row | None, new: _Row) -> list[dict[str, Any]]:
     return events
 
 
-class MemoryEvents:
+class MemoryEvents(Fanout):
     """The change feed in memory: watchers and subscriptions rung by :class:`MemoryStore`.
 
-    Implements ``protocol.ChangeFeed`` as ``events.LeaseEvents`` does, minus
-    the LISTEN connection: events are delivered when the change is made.
+    Implements ``protocol.ChangeFeed`` as ``events.LeaseEvents`` does (the same
+    :class:`~leasekeeper_server.storage.subscription.Fanout`), minus the LISTEN
+    connection: events are delivered when the change is made. ``wake_all``
+    does what a lost listening connection does: every watcher woken, every
+    subscription told of a gap; ``watched`` lists the tasks watched now (for
+    tests that wait for a waiter to be in place).
     """
-
-    def __init__(self) -> None:
-        self._watchers: defaultdict[TaskKey, set[asyncio.Event]] = defaultdict(set)
-        self._subscribers: defaultdict[tuple[str | None, str | None], set[Subscription]] = (
-            defaultdict(set)
-        )
-
-    @contextlib.contextmanager
-    def watch(self, key: TaskKey) -> Iterator[asyncio.Event]:
-        """An event set on every committed change of ``key``; clear it after checking."""
-        event = asyncio.Event()
-        self._watchers[key].add(event)
-        try:
-            yield event
-        finally:
-            watchers = self._watchers.get(key)
-            if watchers is not None:
-                watchers.discard(event)
-                if not watchers:
-                    del self._watchers[key]
-
-    @contextlib.contextmanager
-    def subscribe(self, namespace: str | None, task_id: str | None) -> Iterator[Subscription]:
-        """The events of one task, of a namespace (task_id None), or of all (both None)."""
-        sub = Subscription()
-        topic = (namespace, task_id)
-        self._subscribers[topic].add(sub)
-        try:
-            yield sub
-        finally:
-            subs = self._subscribers.get(topic)
-            if subs is not None:
-                subs.discard(sub)
-                if not subs:
-                    del self._subscribers[topic]
 
     def publish(self, payload: dict[str, Any]) -> None:
         """Delivers one committed change (a trigger payload) to its watchers and subscribers."""
-        key = TaskKey(payload["namespace"], payload["task_id"])
-        for event in self._watchers.get(key, ()):
-            event.set()
-        for topic in ((key.namespace, key.task_id), (key.namespace, None), (None, None)):
-            for sub in self._subscribers.get(topic, ()):
-                sub.push(payload)
-
-    def wake_all(self) -> None:
-        """As after a lost listening connection: every watcher woken, every subscription a gap."""
-        for events in self._watchers.values():
-            for event in events:
-                event.set()
-        for subs in self._subscribers.values():
-            for sub in subs:
-                sub.mark_gap()
-
-    @property
-    def watched(self) -> builtins.list[TaskKey]:
-        """The tasks someone watches now (for tests that wait for a waiter to be in place)."""
-        return builtins.list(self._watchers)
+        self.deliver(TaskKey(payload["namespace"], payload["task_id"]), payload)
 
 
 @dataclass(slots=True)

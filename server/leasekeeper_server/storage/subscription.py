@@ -1,14 +1,22 @@
-"""A Watch stream's subscription: the events of a task or a namespace, in commit order (pure).
+"""Who waits on a task's changes, and a Watch stream's subscription to them (pure).
 
-Filled by a change feed (``events.LeaseEvents`` from PostgreSQL's
-notifications, ``memory.MemoryEvents`` in tests) and read by ``rpc/watch.py``.
+A change feed (``events.LeaseEvents`` from PostgreSQL's notifications,
+``memory.MemoryEvents`` in tests) hands each committed change to a
+:class:`Fanout`, which rings the task's watchers (waiting claims, heartbeat
+streams: a doorbell, then a fresh read) and pushes the event to the
+subscriptions of the task, its namespace and everything (Watch streams, read
+by ``rpc/watch.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+import contextlib
+from collections import defaultdict, deque
+from collections.abc import Iterator
 from typing import Any
+
+from leasekeeper_server.core.model import TaskKey
 
 # Events a Watch subscription may hold unread; past that it is told of a gap.
 MAX_PENDING_EVENTS = 1000
@@ -50,3 +58,66 @@ class Subscription:
         self.pending.clear()
         self.ready.clear()
         return gap, events
+
+
+class Fanout:
+    """The watchers and the subscriptions of a change feed, by task and by topic."""
+
+    def __init__(self) -> None:
+        self._watchers: defaultdict[TaskKey, set[asyncio.Event]] = defaultdict(set)
+        # By (namespace, task_id): task_id None for a whole namespace, both None for all.
+        self._subscribers: defaultdict[tuple[str | None, str | None], set[Subscription]] = (
+            defaultdict(set)
+        )
+
+    @contextlib.contextmanager
+    def watch(self, key: TaskKey) -> Iterator[asyncio.Event]:
+        """An event set whenever ``key``'s ownership may have changed; clear it after checking."""
+        event = asyncio.Event()
+        self._watchers[key].add(event)
+        try:
+            yield event
+        finally:
+            watchers = self._watchers.get(key)
+            if watchers is not None:
+                watchers.discard(event)
+                if not watchers:
+                    del self._watchers[key]
+
+    @contextlib.contextmanager
+    def subscribe(self, namespace: str | None, task_id: str | None) -> Iterator[Subscription]:
+        """The events of one task, of every task of a namespace (task_id None), or of all (both)."""
+        sub = Subscription()
+        topic = (namespace, task_id)
+        self._subscribers[topic].add(sub)
+        try:
+            yield sub
+        finally:
+            subs = self._subscribers.get(topic)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._subscribers[topic]
+
+    def deliver(self, key: TaskKey, event: dict[str, Any] | None) -> None:
+        """Rings ``key``'s watchers; pushes ``event``, if any, to its subscriptions."""
+        for watcher in self._watchers.get(key, ()):
+            watcher.set()
+        if event is not None:
+            for topic in ((key.namespace, key.task_id), (key.namespace, None), (None, None)):
+                for sub in self._subscribers.get(topic, ()):
+                    sub.push(event)
+
+    def wake_all(self) -> None:
+        """Rings every watcher, and tells every subscription of a gap (events may be lost)."""
+        for events in self._watchers.values():
+            for watcher in events:
+                watcher.set()
+        for subs in self._subscribers.values():
+            for sub in subs:
+                sub.mark_gap()
+
+    @property
+    def watched(self) -> list[TaskKey]:
+        """The tasks someone watches now."""
+        return list(self._watchers)
