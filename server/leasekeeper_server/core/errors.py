@@ -28,7 +28,7 @@ mention asyncpg, SQLSTATEs or tables: ``storage/driver_errors.py`` translates dr
 
 from __future__ import annotations
 
-from leasekeeper_server.core.model import LossReason
+from leasekeeper_server.core.model import Lease, LossReason
 
 
 class LeaseServiceError(Exception):
@@ -66,6 +66,11 @@ class LeaseLost(LeaseServiceError):
 
     def metadata(self) -> dict[str, str]:  # noqa: D102
         return {"current_fence": str(self.current_fence)}
+
+    @classmethod
+    def of(cls, lease: Lease | None, loss: LossReason) -> LeaseLost:
+        """The loss of a lease read as ``lease`` (None: never claimed, current fence 0)."""
+        return cls(loss, lease.fence if lease is not None else 0)
 
 
 class TaskCompleted(LeaseServiceError):

@@ -442,7 +442,9 @@ class MemoryStore:
             row.update_time = now
             return row.lease(now)
         task = self.read(ref.key)
-        raise _lost(task, owner_loss(task, ref.owner_id, ref.fence) or LossReason.LEASE_EXPIRED)
+        raise LeaseLost.of(
+            task, owner_loss(task, ref.owner_id, ref.fence) or LossReason.LEASE_EXPIRED
+        )
 
     async def release(self, ref: LeaseRef, complete: bool) -> Lease:
         """Releases or completes a lease (``protocol.LeaseStore.release``; SQL ``release``)."""
@@ -469,7 +471,7 @@ class MemoryStore:
         if task is not None and reason in (LossReason.LEASE_RELEASED, LossReason.TASK_COMPLETED):
             if task.fence == ref.fence and task.owner_id == ref.owner_id:
                 return task  # released (or completed) already by this owner and fence
-        raise _lost(task, reason or LossReason.LEASE_SUPERSEDED)
+        raise LeaseLost.of(task, reason or LossReason.LEASE_SUPERSEDED)
 
     async def get_lease(self, key: TaskKey) -> Lease | None:
         """The task's lease now, or None (``protocol.LeaseStore.get_lease``)."""
@@ -646,10 +648,6 @@ class MemoryLedger:
             key=lambda record: record.effect_key,
         )
         return found[:limit]
-
-
-def _lost(task: Lease | None, reason: LossReason) -> LeaseLost:
-    return LeaseLost(reason, task.fence if task is not None else 0)
 
 
 if TYPE_CHECKING:

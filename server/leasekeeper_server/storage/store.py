@@ -483,13 +483,15 @@ class Store:
         if lease is not None and reason in (LossReason.LEASE_RELEASED, LossReason.TASK_COMPLETED):
             if lease.fence == ref.fence and lease.owner_id == ref.owner_id:
                 return lease
-        raise _lost(lease, reason or LossReason.LEASE_SUPERSEDED)
+        raise LeaseLost.of(lease, reason or LossReason.LEASE_SUPERSEDED)
 
     async def _loss(self, ref: LeaseRef) -> LeaseLost:
         lease = await self.get_lease(ref.key)
         # The renewal found no live lease; a read an instant later can only
         # confirm a loss, except for a lease that expired exactly in between.
-        return _lost(lease, owner_loss(lease, ref.owner_id, ref.fence) or LossReason.LEASE_EXPIRED)
+        return LeaseLost.of(
+            lease, owner_loss(lease, ref.owner_id, ref.fence) or LossReason.LEASE_EXPIRED
+        )
 
     async def list_leases(
         self,
@@ -566,7 +568,3 @@ class Store:
             )
             for r in rows
         }
-
-
-def _lost(lease: Lease | None, reason: LossReason) -> LeaseLost:
-    return LeaseLost(reason, lease.fence if lease is not None else 0)
