@@ -6,7 +6,7 @@ Each op is an ``op(worker, call)`` for :func:`bench.loadgen.closed_loop`.
   a process of its own; the suite drives it with the very ops it drives the
   real server with (``bench/scenarios.py``).
 - :func:`raw_claim`: the server's own claim statement
-  (``leasekeeper_server/sql/queries.sql``) through an asyncpg pool of the
+  (``leasekeeper_server/storage/sql/queries.sql``) through an asyncpg pool of the
   server's default size, run in this process (no gRPC, no server code).
 - :func:`etcd_server`, :func:`etcd_claim`: etcd doing the same claim (``bench/etcd.py``).
 

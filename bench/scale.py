@@ -7,7 +7,7 @@ realistic history in a few set-based statements. ``table_stats`` reads the
 table's scan and update counters, so a measured window (``stats_delta``) can
 show that it ran no sequential scan and how many of its updates were HOT.
 ``probes`` names, for every statement of
-``server/leasekeeper_server/sql/queries.sql`` that a call or the sweeper
+``server/leasekeeper_server/storage/sql/queries.sql`` that a call or the sweeper
 runs, realistic parameters on a seeded table; ``explain`` shows a statement's
 custom plan (the values known, as in a prepared statement's first five
 executions) or its generic plan (what a prepared statement may keep after

@@ -441,7 +441,7 @@ async def test_malformed_token_file_at_start_fails_the_start(
 async def test_token_file_entry_from_the_module_command_is_accepted(
     database_url: str, tmp_path: Path, namespace: str
 ) -> None:
-    command = [sys.executable, "-m", "leasekeeper_server.security.tokens"]
+    command = [sys.executable, "-m", "leasekeeper_server.cli.tokens"]
     options = ["--name", "cli", "--role", "admin", "--namespace", namespace]
     made = await asyncio.to_thread(
         subprocess.run,
@@ -451,6 +451,8 @@ async def test_token_file_entry_from_the_module_command_is_accepted(
         check=True,
         timeout=30,
     )
+    # stderr holds the token's one line and nothing else (no import warning beside it).
+    assert made.stderr.startswith("token (shown once") and made.stderr.count("\n") == 1, made.stderr
     token = made.stderr.strip().rsplit(" ", 1)[-1]
     assert token not in made.stdout
     hashed = await asyncio.to_thread(

@@ -9,7 +9,7 @@
 - ``tls``: TLS and mutual TLS, certificates reloaded from files.
 
 Token text, digests, the database store and the token file format live in
-:mod:`leasekeeper_server.security.tokens` (``python -m leasekeeper_server.security.tokens``).
+:mod:`leasekeeper_server.security.tokens` (``python -m leasekeeper_server.cli.tokens``).
 
 The names below are the package's surface for tests that read it as one
 namespace; server modules import from the module that owns a name.

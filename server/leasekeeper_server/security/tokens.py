@@ -15,9 +15,9 @@ A token file is TOML, one ``[[token]]`` table per token::
     role = "worker"                   # worker, effect or admin
     namespaces = ["billing", "team-a/*"]
 
-Make an entry with ``python -m leasekeeper_server.security.tokens new --name N --role R
+Make an entry with ``python -m leasekeeper_server.cli.tokens new --name N --role R
 --namespace NS`` (prints a fresh token on stderr and its entry on stdout), or
-for a token you already have, ``python -m leasekeeper_server.security.tokens hash ...``
+for a token you already have, ``python -m leasekeeper_server.cli.tokens hash ...``
 reading the token from stdin (``printf %s "$TOKEN" | sha256sum`` gives the
 same digest).
 
@@ -28,12 +28,10 @@ prefix ending in ``*`` (``team-a/*`` covers every namespace that starts with
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import re
 import secrets
 import string
-import sys
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -339,37 +337,3 @@ def file_entry(token: str, name: str, role: str, namespaces: Sequence[str]) -> s
         f'role = "{role}"\n'
         f"namespaces = [{', '.join(quoted(p) for p in patterns)}]\n"
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m leasekeeper_server.security.tokens new|hash``: token file entries."""
-    parser = argparse.ArgumentParser(
-        prog="python -m leasekeeper_server.security.tokens",
-        description="Make entries for a leasekeeper token file (LEASEKEEPER_TOKENS_FILE).",
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    new = commands.add_parser("new", help="a fresh token (stderr) and its entry (stdout)")
-    hashed = commands.add_parser("hash", help="the entry for a token read from stdin")
-    for command in (new, hashed):
-        command.add_argument("--name", required=True)
-        command.add_argument("--role", required=True, choices=ROLES)
-        command.add_argument(
-            "--namespace", action="append", required=True, help="a pattern; repeat for more"
-        )
-    args = parser.parse_args(argv)
-    if args.command == "new":
-        token = new_token()[1]
-        print(f"token (shown once, keep it secret): {token}", file=sys.stderr)
-    else:
-        token = sys.stdin.read().strip()
-        if not token:
-            parser.error("no token on stdin")
-    try:
-        sys.stdout.write(file_entry(token, args.name, args.role, args.namespace))
-    except ValueError as exc:
-        parser.error(str(exc))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
