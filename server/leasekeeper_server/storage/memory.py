@@ -150,6 +150,10 @@ class _Row:
     revoke_reason: str | None = None
     expiry_announced_fence: int | None = None
 
+    def live(self, now: datetime) -> bool:
+        """Whether the row holds a live lease at ``now``: core.model's rule (``Lease.state``)."""
+        return self.lease(now).state is TaskState.HELD
+
     def lease(self, now: datetime) -> Lease:
         return Lease(
             namespace=self.namespace,
@@ -411,9 +415,8 @@ class MemoryStore:
             for row in self._rows.values()
             if row.namespace == key.namespace
             and row.task_id != key.task_id
-            and row.state == "held"
+            and row.live(now)
             and row.expiry_announced_fence != row.fence
-            and row.expire_time > now
         )[:max_leases]
         if len(live) >= max_leases:
             first = min((expiry for _, expiry in live), default=None)
@@ -433,8 +436,7 @@ class MemoryStore:
             row is not None
             and row.owner_id == ref.owner_id
             and row.fence == ref.fence
-            and row.state == "held"
-            and row.expire_time > now
+            and row.live(now)
             and row.runtime_deadline > now
         ):
             # Only expire_time and update_time change: no event (not news to anyone).
@@ -543,7 +545,7 @@ class MemoryStore:
             self._rows.items(), key=lambda item: (item[0].namespace, item[0].task_id)
         ):
             if old.state == "held" and old.expiry_announced_fence != old.fence:
-                if old.expire_time <= now:
+                if not old.live(now):
                     self._commit(key, old, replace(old, expiry_announced_fence=old.fence))
                     announced += 1
         return announced
