@@ -44,6 +44,7 @@ from leasekeeper_server.storage.ledger import EffectLedger
 from leasekeeper_server.storage.migrate import migrate
 from leasekeeper_server.storage.pooling import check_session_pooling
 from leasekeeper_server.storage.store import Store
+from leasekeeper_server.storage.pruner import HistoryPruner
 from leasekeeper_server.storage.sweeper import ExpirySweeper
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class LeaseServer:
         self.heartbeats: HeartbeatService | None = None
         self.watches: WatchService | None = None
         self.sweeper: ExpirySweeper | None = None
+        self.pruner: HistoryPruner | None = None
         self.limits = LimitsCache()
         self._limits_task: asyncio.Task[None] | None = None
         self._limits_changed = asyncio.Event()
@@ -184,6 +186,7 @@ class LeaseServer:
         self._events.on_config(self._on_config_change)
         self._limits_task = asyncio.create_task(self._refresh_limits(), name="leasekeeper-limits")
         self.sweeper = ExpirySweeper(self._dsn, store, self.metrics, s, self._events)
+        self.pruner = HistoryPruner(store, s)
         self._health = HealthMonitor(store, [SERVICE_NAME], s.health_interval_s)
 
         pool = store.pool  # read-only gauges of the pool's state
@@ -249,6 +252,7 @@ class LeaseServer:
         await self._health.start()
         await server.start()
         self.sweeper.start()
+        self.pruner.start()
         log.info("leasekeeper serving on %s (port %d)", s.listen, self.port)
         if s.health_listen:
             self.health_port = await self._serve_health_only(s.health_listen)
@@ -312,6 +316,8 @@ class LeaseServer:
         self.shutdown.set()
         if self.sweeper is not None:
             await self.sweeper.stop()
+        if self.pruner is not None:
+            await self.pruner.stop()
         if self._limits_task is not None:
             self._limits_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -122,6 +122,27 @@ class Settings(BaseSettings):
         le=1 << 20,
         description="Largest result CompleteEffect may record (bytes).",
     )
+    max_checkpoint_bytes: int = Field(
+        default=262144,
+        ge=0,
+        le=64 << 20,
+        description="Largest checkpoint data a worker may save (bytes).",
+    )
+    history_max_age_s: float = Field(
+        default=30 * 86400.0,
+        gt=0,
+        description="How long task history entries are kept (seconds); older ones are pruned.",
+    )
+    history_max_per_task: int = Field(
+        default=1000,
+        ge=1,
+        description="Most history entries kept per task; the oldest beyond it are pruned.",
+    )
+    history_prune_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Time between two passes of the history pruner (seconds).",
+    )
     pool_min_size: int = Field(default=2, ge=1, description="Database connections kept open.")
     pool_max_size: int = Field(default=20, ge=1, description="Most database connections.")
     statement_timeout_s: float = Field(

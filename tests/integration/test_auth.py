@@ -68,6 +68,12 @@ def request_for(method: str, namespace: str, fence: int = 1) -> Any:
         "Revoke": lambda: pb.RevokeRequest(**lease, reason="test"),
         "Watch": lambda: pb.WatchRequest(**lease),
         "Heartbeat": lambda: pb.HeartbeatRequest(**owned),
+        "SaveCheckpoint": lambda: pb.SaveCheckpointRequest(
+            **owned, checkpoint=pb.Checkpoint(version=1, data=b"x")
+        ),
+        "Cancel": lambda: pb.CancelRequest(**lease, reason="test"),
+        "Retry": lambda: pb.RetryRequest(**lease, reason="test"),
+        "ListTaskHistory": lambda: pb.ListTaskHistoryRequest(**lease),
     }[method]()
 
 

@@ -22,6 +22,9 @@ class LossReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LOSS_REASON_TASK_COMPLETED: _ClassVar[LossReason]
     LOSS_REASON_NOT_OWNER: _ClassVar[LossReason]
     LOSS_REASON_FENCE_UNKNOWN: _ClassVar[LossReason]
+    LOSS_REASON_TASK_CANCELLED: _ClassVar[LossReason]
+    LOSS_REASON_TASK_FAILED: _ClassVar[LossReason]
+    LOSS_REASON_TASK_QUARANTINED: _ClassVar[LossReason]
 
 class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,6 +33,9 @@ class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATE_HELD: _ClassVar[TaskState]
     TASK_STATE_EXPIRED: _ClassVar[TaskState]
     TASK_STATE_COMPLETED: _ClassVar[TaskState]
+    TASK_STATE_QUARANTINED: _ClassVar[TaskState]
+    TASK_STATE_CANCELLED: _ClassVar[TaskState]
+    TASK_STATE_FAILED: _ClassVar[TaskState]
 
 class EffectPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -60,6 +66,27 @@ class TaskEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_EVENT_TYPE_EXPIRED: _ClassVar[TaskEventType]
     TASK_EVENT_TYPE_COMPLETED: _ClassVar[TaskEventType]
     TASK_EVENT_TYPE_REVOKED: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_QUARANTINED: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_RETRIED: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_CANCELLED: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_FAILED: _ClassVar[TaskEventType]
+
+class HistoryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HISTORY_KIND_UNSPECIFIED: _ClassVar[HistoryKind]
+    HISTORY_KIND_GRANTED: _ClassVar[HistoryKind]
+    HISTORY_KIND_RELEASED: _ClassVar[HistoryKind]
+    HISTORY_KIND_EXPIRED: _ClassVar[HistoryKind]
+    HISTORY_KIND_REVOKED: _ClassVar[HistoryKind]
+    HISTORY_KIND_COMPLETED: _ClassVar[HistoryKind]
+    HISTORY_KIND_FAILED: _ClassVar[HistoryKind]
+    HISTORY_KIND_CANCELLED: _ClassVar[HistoryKind]
+    HISTORY_KIND_QUARANTINED: _ClassVar[HistoryKind]
+    HISTORY_KIND_RETRIED: _ClassVar[HistoryKind]
+    HISTORY_KIND_CHECKPOINT_SAVED: _ClassVar[HistoryKind]
+    HISTORY_KIND_EFFECT_RESERVED: _ClassVar[HistoryKind]
+    HISTORY_KIND_EFFECT_COMPLETED: _ClassVar[HistoryKind]
+    HISTORY_KIND_FENCE_REFUSED: _ClassVar[HistoryKind]
 LOSS_REASON_UNSPECIFIED: LossReason
 LOSS_REASON_LEASE_EXPIRED: LossReason
 LOSS_REASON_LEASE_SUPERSEDED: LossReason
@@ -69,11 +96,17 @@ LOSS_REASON_RUNTIME_EXCEEDED: LossReason
 LOSS_REASON_TASK_COMPLETED: LossReason
 LOSS_REASON_NOT_OWNER: LossReason
 LOSS_REASON_FENCE_UNKNOWN: LossReason
+LOSS_REASON_TASK_CANCELLED: LossReason
+LOSS_REASON_TASK_FAILED: LossReason
+LOSS_REASON_TASK_QUARANTINED: LossReason
 TASK_STATE_UNSPECIFIED: TaskState
 TASK_STATE_FREE: TaskState
 TASK_STATE_HELD: TaskState
 TASK_STATE_EXPIRED: TaskState
 TASK_STATE_COMPLETED: TaskState
+TASK_STATE_QUARANTINED: TaskState
+TASK_STATE_CANCELLED: TaskState
+TASK_STATE_FAILED: TaskState
 EFFECT_POLICY_UNSPECIFIED: EffectPolicy
 EFFECT_POLICY_ONCE: EffectPolicy
 EFFECT_POLICY_LATEST: EffectPolicy
@@ -92,9 +125,41 @@ TASK_EVENT_TYPE_RELEASED: TaskEventType
 TASK_EVENT_TYPE_EXPIRED: TaskEventType
 TASK_EVENT_TYPE_COMPLETED: TaskEventType
 TASK_EVENT_TYPE_REVOKED: TaskEventType
+TASK_EVENT_TYPE_QUARANTINED: TaskEventType
+TASK_EVENT_TYPE_RETRIED: TaskEventType
+TASK_EVENT_TYPE_CANCELLED: TaskEventType
+TASK_EVENT_TYPE_FAILED: TaskEventType
+HISTORY_KIND_UNSPECIFIED: HistoryKind
+HISTORY_KIND_GRANTED: HistoryKind
+HISTORY_KIND_RELEASED: HistoryKind
+HISTORY_KIND_EXPIRED: HistoryKind
+HISTORY_KIND_REVOKED: HistoryKind
+HISTORY_KIND_COMPLETED: HistoryKind
+HISTORY_KIND_FAILED: HistoryKind
+HISTORY_KIND_CANCELLED: HistoryKind
+HISTORY_KIND_QUARANTINED: HistoryKind
+HISTORY_KIND_RETRIED: HistoryKind
+HISTORY_KIND_CHECKPOINT_SAVED: HistoryKind
+HISTORY_KIND_EFFECT_RESERVED: HistoryKind
+HISTORY_KIND_EFFECT_COMPLETED: HistoryKind
+HISTORY_KIND_FENCE_REFUSED: HistoryKind
+
+class Checkpoint(_message.Message):
+    __slots__ = ("version", "data", "content_type", "fence", "write_time")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    WRITE_TIME_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    data: bytes
+    content_type: str
+    fence: int
+    write_time: _timestamp_pb2.Timestamp
+    def __init__(self, version: _Optional[int] = ..., data: _Optional[bytes] = ..., content_type: _Optional[str] = ..., fence: _Optional[int] = ..., write_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("namespace", "task_id", "owner_id", "fence", "state", "expire_time", "remaining_ttl", "runtime_deadline", "claim_time", "end_reason", "revoke_reason")
+    __slots__ = ("namespace", "task_id", "owner_id", "fence", "state", "expire_time", "remaining_ttl", "runtime_deadline", "claim_time", "end_reason", "revoke_reason", "attempts", "max_attempts", "cancel_reason", "fail_reason", "checkpoint_version", "checkpoint_size")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +171,12 @@ class Lease(_message.Message):
     CLAIM_TIME_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
     REVOKE_REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REASON_FIELD_NUMBER: _ClassVar[int]
+    FAIL_REASON_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SIZE_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     task_id: str
     owner_id: str
@@ -117,10 +188,16 @@ class Lease(_message.Message):
     claim_time: _timestamp_pb2.Timestamp
     end_reason: LossReason
     revoke_reason: str
-    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., state: _Optional[_Union[TaskState, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., runtime_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claim_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_reason: _Optional[_Union[LossReason, str]] = ..., revoke_reason: _Optional[str] = ...) -> None: ...
+    attempts: int
+    max_attempts: int
+    cancel_reason: str
+    fail_reason: str
+    checkpoint_version: int
+    checkpoint_size: int
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., state: _Optional[_Union[TaskState, str]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., runtime_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claim_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_reason: _Optional[_Union[LossReason, str]] = ..., revoke_reason: _Optional[str] = ..., attempts: _Optional[int] = ..., max_attempts: _Optional[int] = ..., cancel_reason: _Optional[str] = ..., fail_reason: _Optional[str] = ..., checkpoint_version: _Optional[int] = ..., checkpoint_size: _Optional[int] = ...) -> None: ...
 
 class ClaimRequest(_message.Message):
-    __slots__ = ("namespace", "task_id", "owner_id", "ttl", "max_runtime", "request_id", "wait")
+    __slots__ = ("namespace", "task_id", "owner_id", "ttl", "max_runtime", "request_id", "wait", "max_attempts")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +205,7 @@ class ClaimRequest(_message.Message):
     MAX_RUNTIME_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     task_id: str
     owner_id: str
@@ -135,21 +213,24 @@ class ClaimRequest(_message.Message):
     max_runtime: _duration_pb2.Duration
     request_id: str
     wait: _duration_pb2.Duration
-    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., request_id: _Optional[str] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    max_attempts: int
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., request_id: _Optional[str] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ...) -> None: ...
 
 class ClaimResponse(_message.Message):
-    __slots__ = ("acquired", "lease", "holder_remaining_ttl", "holder_expire_time", "retry_after")
+    __slots__ = ("acquired", "lease", "holder_remaining_ttl", "holder_expire_time", "retry_after", "checkpoint")
     ACQUIRED_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     HOLDER_REMAINING_TTL_FIELD_NUMBER: _ClassVar[int]
     HOLDER_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     acquired: bool
     lease: Lease
     holder_remaining_ttl: _duration_pb2.Duration
     holder_expire_time: _timestamp_pb2.Timestamp
     retry_after: _duration_pb2.Duration
-    def __init__(self, acquired: _Optional[bool] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., holder_remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., holder_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    checkpoint: Checkpoint
+    def __init__(self, acquired: _Optional[bool] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., holder_remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., holder_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
 
 class RenewRequest(_message.Message):
     __slots__ = ("namespace", "task_id", "owner_id", "fence", "ttl")
@@ -172,18 +253,22 @@ class RenewResponse(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("namespace", "task_id", "owner_id", "fence", "complete")
+    __slots__ = ("namespace", "task_id", "owner_id", "fence", "complete", "fail", "fail_reason")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    FAIL_FIELD_NUMBER: _ClassVar[int]
+    FAIL_REASON_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     task_id: str
     owner_id: str
     fence: int
     complete: bool
-    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...
+    fail: bool
+    fail_reason: str
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., complete: _Optional[bool] = ..., fail: _Optional[bool] = ..., fail_reason: _Optional[str] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("lease",)
@@ -216,30 +301,34 @@ class ValidateFenceResponse(_message.Message):
     def __init__(self, valid: _Optional[bool] = ..., current_fence: _Optional[int] = ..., reason: _Optional[_Union[LossReason, str]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("namespace", "task_id", "owner_id", "fence", "ttl")
+    __slots__ = ("namespace", "task_id", "owner_id", "fence", "ttl", "checkpoint")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     task_id: str
     owner_id: str
     fence: int
     ttl: _duration_pb2.Duration
-    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    checkpoint: Checkpoint
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("fence", "expire_time", "remaining_ttl", "renewed")
+    __slots__ = ("fence", "expire_time", "remaining_ttl", "renewed", "checkpoint_version")
     FENCE_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     REMAINING_TTL_FIELD_NUMBER: _ClassVar[int]
     RENEWED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_VERSION_FIELD_NUMBER: _ClassVar[int]
     fence: int
     expire_time: _timestamp_pb2.Timestamp
     remaining_ttl: _duration_pb2.Duration
     renewed: bool
-    def __init__(self, fence: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., renewed: _Optional[bool] = ...) -> None: ...
+    checkpoint_version: int
+    def __init__(self, fence: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., renewed: _Optional[bool] = ..., checkpoint_version: _Optional[int] = ...) -> None: ...
 
 class GetLeaseRequest(_message.Message):
     __slots__ = ("namespace", "task_id")
@@ -250,10 +339,12 @@ class GetLeaseRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ...) -> None: ...
 
 class GetLeaseResponse(_message.Message):
-    __slots__ = ("lease",)
+    __slots__ = ("lease", "checkpoint")
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     lease: Lease
-    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+    checkpoint: Checkpoint
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
 
 class ListLeasesRequest(_message.Message):
     __slots__ = ("namespace", "state", "page_size", "page_token", "owner_id")
@@ -278,7 +369,7 @@ class ListLeasesResponse(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class Effect(_message.Message):
-    __slots__ = ("namespace", "task_id", "effect_key", "policy", "request_digest", "state", "fence", "complete_fence", "retryable", "result", "attempts", "begin_time", "complete_time")
+    __slots__ = ("namespace", "task_id", "effect_key", "policy", "request_digest", "state", "fence", "complete_fence", "retryable", "result", "attempts", "begin_time", "complete_time", "external_operation_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     EFFECT_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -292,6 +383,7 @@ class Effect(_message.Message):
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     BEGIN_TIME_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     task_id: str
     effect_key: str
@@ -305,7 +397,8 @@ class Effect(_message.Message):
     attempts: int
     begin_time: _timestamp_pb2.Timestamp
     complete_time: _timestamp_pb2.Timestamp
-    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., effect_key: _Optional[str] = ..., policy: _Optional[_Union[EffectPolicy, str]] = ..., request_digest: _Optional[bytes] = ..., state: _Optional[_Union[EffectState, str]] = ..., fence: _Optional[int] = ..., complete_fence: _Optional[int] = ..., retryable: _Optional[bool] = ..., result: _Optional[bytes] = ..., attempts: _Optional[int] = ..., begin_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., complete_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    external_operation_id: str
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., effect_key: _Optional[str] = ..., policy: _Optional[_Union[EffectPolicy, str]] = ..., request_digest: _Optional[bytes] = ..., state: _Optional[_Union[EffectState, str]] = ..., fence: _Optional[int] = ..., complete_fence: _Optional[int] = ..., retryable: _Optional[bool] = ..., result: _Optional[bytes] = ..., attempts: _Optional[int] = ..., begin_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., complete_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., external_operation_id: _Optional[str] = ...) -> None: ...
 
 class BeginEffectRequest(_message.Message):
     __slots__ = ("namespace", "task_id", "fence", "effect_key", "policy", "request_digest")
@@ -332,7 +425,7 @@ class BeginEffectResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[EffectDecision, str]] = ..., effect: _Optional[_Union[Effect, _Mapping]] = ...) -> None: ...
 
 class CompleteEffectRequest(_message.Message):
-    __slots__ = ("namespace", "task_id", "fence", "effect_key", "outcome", "retryable", "result")
+    __slots__ = ("namespace", "task_id", "fence", "effect_key", "outcome", "retryable", "result", "external_operation_id", "next_checkpoint")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
@@ -340,6 +433,8 @@ class CompleteEffectRequest(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     RETRYABLE_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     task_id: str
     fence: int
@@ -347,13 +442,17 @@ class CompleteEffectRequest(_message.Message):
     outcome: EffectState
     retryable: bool
     result: bytes
-    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., fence: _Optional[int] = ..., effect_key: _Optional[str] = ..., outcome: _Optional[_Union[EffectState, str]] = ..., retryable: _Optional[bool] = ..., result: _Optional[bytes] = ...) -> None: ...
+    external_operation_id: str
+    next_checkpoint: Checkpoint
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., fence: _Optional[int] = ..., effect_key: _Optional[str] = ..., outcome: _Optional[_Union[EffectState, str]] = ..., retryable: _Optional[bool] = ..., result: _Optional[bytes] = ..., external_operation_id: _Optional[str] = ..., next_checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
 
 class CompleteEffectResponse(_message.Message):
-    __slots__ = ("effect",)
+    __slots__ = ("effect", "checkpoint")
     EFFECT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     effect: Effect
-    def __init__(self, effect: _Optional[_Union[Effect, _Mapping]] = ...) -> None: ...
+    checkpoint: Checkpoint
+    def __init__(self, effect: _Optional[_Union[Effect, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
 
 class ListEffectsRequest(_message.Message):
     __slots__ = ("namespace", "task_id", "state", "page_size", "page_token")
@@ -414,3 +513,107 @@ class TaskEvent(_message.Message):
     lease: Lease
     event_time: _timestamp_pb2.Timestamp
     def __init__(self, type: _Optional[_Union[TaskEventType, str]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SaveCheckpointRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "owner_id", "fence", "checkpoint")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    owner_id: str
+    fence: int
+    checkpoint: Checkpoint
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
+
+class SaveCheckpointResponse(_message.Message):
+    __slots__ = ("checkpoint", "lease")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: Checkpoint
+    lease: Lease
+    def __init__(self, checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "reason")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    reason: str
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class RetryRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "reason")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    reason: str
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RetryResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class HistoryEntry(_message.Message):
+    __slots__ = ("sequence", "event_time", "kind", "fence", "owner_id", "attempt", "checkpoint_version", "checkpoint_size", "effect_key", "effect_outcome", "external_operation_id", "reason", "method")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_KEY_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    event_time: _timestamp_pb2.Timestamp
+    kind: HistoryKind
+    fence: int
+    owner_id: str
+    attempt: int
+    checkpoint_version: int
+    checkpoint_size: int
+    effect_key: str
+    effect_outcome: EffectState
+    external_operation_id: str
+    reason: str
+    method: str
+    def __init__(self, sequence: _Optional[int] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., kind: _Optional[_Union[HistoryKind, str]] = ..., fence: _Optional[int] = ..., owner_id: _Optional[str] = ..., attempt: _Optional[int] = ..., checkpoint_version: _Optional[int] = ..., checkpoint_size: _Optional[int] = ..., effect_key: _Optional[str] = ..., effect_outcome: _Optional[_Union[EffectState, str]] = ..., external_operation_id: _Optional[str] = ..., reason: _Optional[str] = ..., method: _Optional[str] = ...) -> None: ...
+
+class ListTaskHistoryRequest(_message.Message):
+    __slots__ = ("namespace", "task_id", "page_size", "page_token")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListTaskHistoryResponse(_message.Message):
+    __slots__ = ("entries", "next_page_token")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[HistoryEntry]
+    next_page_token: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[HistoryEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

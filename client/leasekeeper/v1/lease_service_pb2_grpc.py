@@ -90,6 +90,26 @@ class LeaseServiceStub:
                 request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.RevokeRequest.SerializeToString,
                 response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.RevokeResponse.FromString,
                 _registered_method=True)
+        self.SaveCheckpoint = channel.unary_unary(
+                '/leasekeeper.v1.LeaseService/SaveCheckpoint',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.SaveCheckpointRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.SaveCheckpointResponse.FromString,
+                _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/leasekeeper.v1.LeaseService/Cancel',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.CancelRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.CancelResponse.FromString,
+                _registered_method=True)
+        self.Retry = channel.unary_unary(
+                '/leasekeeper.v1.LeaseService/Retry',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.RetryRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.RetryResponse.FromString,
+                _registered_method=True)
+        self.ListTaskHistory = channel.unary_unary(
+                '/leasekeeper.v1.LeaseService/ListTaskHistory',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListTaskHistoryRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListTaskHistoryResponse.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/leasekeeper.v1.LeaseService/Watch',
                 request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.WatchRequest.SerializeToString,
@@ -266,6 +286,69 @@ class LeaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SaveCheckpoint(self, request, context):
+        """Saves the task's checkpoint under the caller's live lease. One
+        statement on the database clock: stored only when owner_id holds the
+        current fence's live lease and checkpoint.version is higher than the
+        stored version; nothing is stored otherwise. Does not renew the lease.
+        Idempotent: the stored version written again by the same fence with the
+        same data and content type answers OK.
+
+        Errors:
+        ABORTED  the lease is lost (reasons as Renew, and TASK_CANCELLED,
+        TASK_FAILED).
+        FAILED_PRECONDITION  CHECKPOINT_NOT_NEWER: the version does not move
+        forward; ErrorInfo metadata "current_version" holds the
+        stored version.
+        INVALID_ARGUMENT  data over max_checkpoint_bytes (field
+        "checkpoint.data"), version < 1, a bad content_type.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cancel(self, request, context):
+        """Cancels a task (an operator's call; admin role): it becomes CANCELLED,
+        terminal. The holder's heartbeat ends at once ABORTED TASK_CANCELLED;
+        every fence of the task is refused from then on (ValidateFence, Renew,
+        BeginEffect, CompleteEffect, SaveCheckpoint) and claims are refused
+        FAILED_PRECONDITION TASK_CANCELLED. The checkpoint is kept. Cancelling
+        a cancelled task answers OK and changes nothing.
+
+        Errors:
+        NOT_FOUND            TASK_NOT_FOUND: the task was never claimed.
+        FAILED_PRECONDITION  TASK_COMPLETED, TASK_FAILED: already ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Retry(self, request, context):
+        """Puts a QUARANTINED task back (an operator's call; admin role): it
+        becomes FREE with attempts 0; the next claim is granted with a higher
+        fence. Its checkpoint is kept.
+
+        Errors:
+        NOT_FOUND            TASK_NOT_FOUND.
+        FAILED_PRECONDITION  TASK_NOT_QUARANTINED (the task's state is in
+        the ErrorInfo metadata "state").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTaskHistory(self, request, context):
+        """A task's history, oldest first, in pages: grants, releases, expiries,
+        revokes, quarantines, retries, cancellations, completions, failures,
+        checkpoint writes, effect reservations and outcomes, and stale fences
+        refused at ValidateFence and BeginEffect. Kept for
+        history_max_age_s and at most history_max_per_task entries per task
+        (server settings); older entries are pruned in the background.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Watch(self, request, context):
         """The events of one task (or of a namespace) as they happen: first a
         SNAPSHOT of the task, then CLAIMED, RELEASED, EXPIRED, COMPLETED and
@@ -334,6 +417,26 @@ def add_LeaseServiceServicer_to_server(servicer, server):
                     servicer.Revoke,
                     request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.RevokeRequest.FromString,
                     response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.RevokeResponse.SerializeToString,
+            ),
+            'SaveCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaveCheckpoint,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.SaveCheckpointRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.SaveCheckpointResponse.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.CancelRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.CancelResponse.SerializeToString,
+            ),
+            'Retry': grpc.unary_unary_rpc_method_handler(
+                    servicer.Retry,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.RetryRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.RetryResponse.SerializeToString,
+            ),
+            'ListTaskHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTaskHistory,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListTaskHistoryRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListTaskHistoryResponse.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
@@ -639,6 +742,114 @@ class LeaseService:
             '/leasekeeper.v1.LeaseService/Revoke',
             leasekeeper_dot_v1_dot_lease__service__pb2.RevokeRequest.SerializeToString,
             leasekeeper_dot_v1_dot_lease__service__pb2.RevokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaveCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasekeeper.v1.LeaseService/SaveCheckpoint',
+            leasekeeper_dot_v1_dot_lease__service__pb2.SaveCheckpointRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.SaveCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasekeeper.v1.LeaseService/Cancel',
+            leasekeeper_dot_v1_dot_lease__service__pb2.CancelRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.CancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Retry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasekeeper.v1.LeaseService/Retry',
+            leasekeeper_dot_v1_dot_lease__service__pb2.RetryRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.RetryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTaskHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasekeeper.v1.LeaseService/ListTaskHistory',
+            leasekeeper_dot_v1_dot_lease__service__pb2.ListTaskHistoryRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.ListTaskHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

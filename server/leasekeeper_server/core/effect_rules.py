@@ -92,6 +92,8 @@ class Effect:
         fence: the fence of the latest reservation.
         complete_fence: the fence that recorded the outcome; None while RESERVED.
         attempts: how many reservations were made (1 for the first).
+        external_operation_id: the outside system's id for the operation,
+            recorded with the outcome ("" when none).
     """
 
     namespace: str
@@ -107,6 +109,7 @@ class Effect:
     attempts: int
     begin_time: datetime
     complete_time: datetime | None
+    external_operation_id: str = ""
 
     @property
     def confirmed(self) -> bool:
@@ -128,11 +131,16 @@ class BeginRequest:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """A checked CompleteEffect outcome: SUCCEEDED or FAILED."""
+    """A checked CompleteEffect outcome: SUCCEEDED or FAILED.
+
+    ``external_operation_id`` is recorded with the first outcome; a repeat of
+    the same outcome is not compared on it.
+    """
 
     state: EffectState
     retryable: bool
     result: bytes
+    external_operation_id: str = ""
 
 
 def decide_begin(record: Effect, request: BeginRequest) -> BeginDecision:

@@ -5,7 +5,11 @@
     LeaseServiceError
     ├── InvalidArgument       bad input; nothing changed         -> INVALID_ARGUMENT
     ├── LeaseLost             the caller's lease is not live      -> ABORTED (reason)
-    ├── TaskCompleted         claim of a terminal task            -> FAILED_PRECONDITION
+    ├── TaskNotClaimable      claim of an ended or quarantined task -> FAILED_PRECONDITION
+    │   └── TaskCompleted           the task is COMPLETED
+    ├── TaskNotQuarantined    Retry of a task that is not QUARANTINED -> FAILED_PRECONDITION
+    ├── CheckpointNotNewer    a checkpoint version that does not move forward
+    │                                                             -> FAILED_PRECONDITION
     ├── EffectConflict        the effect ledger refuses the call  -> FAILED_PRECONDITION
     │   ├── EffectKeyReused         same key, another policy or request digest
     │   ├── EffectNotBegun          completion of an effect never reserved
@@ -73,17 +77,76 @@ class LeaseLost(LeaseServiceError):
         return cls(loss, lease.fence if lease is not None else 0)
 
 
-class TaskCompleted(LeaseServiceError):
-    """The task is COMPLETED: no claim is ever granted again."""
+_NOT_CLAIMABLE = {
+    LossReason.TASK_COMPLETED: "task is completed",
+    LossReason.TASK_CANCELLED: "task is cancelled",
+    LossReason.TASK_FAILED: "task ended as failed",
+    LossReason.TASK_QUARANTINED: "task used up its attempts and is quarantined "
+    "(an operator may Retry or Cancel it)",
+}
 
-    reason = LossReason.TASK_COMPLETED.value
 
-    def __init__(self, fence: int) -> None:
-        super().__init__(f"task is completed (last fence {fence})")
+class TaskNotClaimable(LeaseServiceError):
+    """A claim of a task that is ended (COMPLETED, CANCELLED, FAILED) or QUARANTINED.
+
+    The ErrorInfo reason is the LossReason name: TASK_COMPLETED,
+    TASK_CANCELLED, TASK_FAILED or TASK_QUARANTINED.
+    """
+
+    def __init__(self, loss: LossReason, fence: int) -> None:
+        super().__init__(f"{_NOT_CLAIMABLE[loss]} (last fence {fence})")
+        self.loss = loss
+        self.reason = loss.value
         self.fence = fence
 
     def metadata(self) -> dict[str, str]:  # noqa: D102
         return {"current_fence": str(self.fence)}
+
+    @classmethod
+    def of(cls, lease: Lease) -> TaskNotClaimable:
+        """The refusal of a claim of ``lease``'s task, which ``lease.unclaimable`` names."""
+        loss = lease.unclaimable
+        assert loss is not None
+        if loss is LossReason.TASK_COMPLETED:
+            return TaskCompleted(lease.fence)
+        return cls(loss, lease.fence)
+
+
+class TaskCompleted(TaskNotClaimable):
+    """The task is COMPLETED: no claim is ever granted again."""
+
+    def __init__(self, fence: int) -> None:
+        super().__init__(LossReason.TASK_COMPLETED, fence)
+
+
+class TaskNotQuarantined(LeaseServiceError):
+    """Retry of a task that is not QUARANTINED; nothing changed."""
+
+    reason = "TASK_NOT_QUARANTINED"
+
+    def __init__(self, state: str) -> None:
+        super().__init__(f"task is {state}, not QUARANTINED: only a quarantined task is retried")
+        self.state = state
+
+    def metadata(self) -> dict[str, str]:  # noqa: D102
+        return {"state": self.state}
+
+
+class CheckpointNotNewer(LeaseServiceError):
+    """A checkpoint whose version does not move forward; nothing was stored."""
+
+    reason = "CHECKPOINT_NOT_NEWER"
+
+    def __init__(self, version: int, current_version: int) -> None:
+        super().__init__(
+            f"checkpoint.version {version} does not move forward: the stored version is "
+            f"{current_version}; send a higher one"
+        )
+        self.version = version
+        self.current_version = current_version
+
+    def metadata(self) -> dict[str, str]:  # noqa: D102
+        return {"current_version": str(self.current_version)}
 
 
 class EffectConflict(LeaseServiceError):

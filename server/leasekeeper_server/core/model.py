@@ -5,15 +5,23 @@ first claim and never deleted (it carries the fence counter). The row's
 ``state`` records the last transition; whether a lease is live is decided
 only against the database's clock (``db_now``, read by the same statement):
 
-======================  =============================================
-row                     task state
-======================  =============================================
-no row                  FREE (never claimed; fence 0)
-held, expire > db_now   HELD
-held, expire <= db_now  EXPIRED: claimable; lost for everything else
-released / revoked      FREE
-completed               COMPLETED: terminal, no fence is ever valid
-======================  =============================================
+==============================  =============================================
+row                             task state
+==============================  =============================================
+no row                          FREE (never claimed; fence 0)
+held, expire > db_now           HELD
+held, expire <= db_now          EXPIRED: claimable; lost for everything else;
+                                QUARANTINED when its ending uses up the last
+                                attempt (:attr:`Lease.attempt_used_up`)
+released / revoked / retried    FREE
+quarantined                     QUARANTINED: claims refused until Retry
+completed / failed / cancelled  COMPLETED / FAILED / CANCELLED: terminal, no
+                                fence is ever valid
+==============================  =============================================
+
+Attempts (``migrations/0008_runs.sql``): the grants that ended without a
+release. The row stores those recorded as ended; an EXPIRED lease not yet
+taken over is one more (:attr:`Lease.attempts`).
 
 Transitions (each one SQL statement in ``sql/queries.sql``):
 
@@ -56,6 +64,9 @@ class TaskState(enum.StrEnum):
     HELD = "HELD"
     EXPIRED = "EXPIRED"
     COMPLETED = "COMPLETED"
+    QUARANTINED = "QUARANTINED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
 
 
 class LossReason(enum.StrEnum):
@@ -69,12 +80,24 @@ class LossReason(enum.StrEnum):
     TASK_COMPLETED = "TASK_COMPLETED"
     NOT_OWNER = "NOT_OWNER"
     FENCE_UNKNOWN = "FENCE_UNKNOWN"
+    TASK_CANCELLED = "TASK_CANCELLED"
+    TASK_FAILED = "TASK_FAILED"
+    TASK_QUARANTINED = "TASK_QUARANTINED"
 
 
 _ROW_STATE_REASON = {
     "released": LossReason.LEASE_RELEASED,
     "revoked": LossReason.LEASE_REVOKED,
     "completed": LossReason.TASK_COMPLETED,
+    "cancelled": LossReason.TASK_CANCELLED,
+    "failed": LossReason.TASK_FAILED,
+}
+
+# Row states of an ended task: no fence is valid, no claim granted.
+_TERMINAL = {
+    "completed": TaskState.COMPLETED,
+    "cancelled": TaskState.CANCELLED,
+    "failed": TaskState.FAILED,
 }
 
 
@@ -108,6 +131,12 @@ class Lease:
             fence, or None when that claim carried none.
         db_now: ``clock_timestamp()`` of the statement that produced the row.
         revoke_reason: the operator's reason, when the last lease was revoked.
+        recorded_attempts: the row's ``attempts``: ended grants recorded so far
+            (see :attr:`attempts`).
+        max_attempts: the current grant's attempt limit; None for none.
+        state_reason: the words of the last cancel, fail or retry.
+        checkpoint_version: the stored checkpoint's version; None for none.
+        checkpoint_size: its data's length, bytes; None for none.
     """
 
     namespace: str
@@ -122,6 +151,11 @@ class Lease:
     claim_request_id: str | None
     db_now: datetime
     revoke_reason: str | None = None
+    recorded_attempts: int = 0
+    max_attempts: int | None = None
+    state_reason: str | None = None
+    checkpoint_version: int | None = None
+    checkpoint_size: int | None = None
 
     def is_claim_of(self, owner_id: str, request_id: str | None) -> bool:
         """True when a claim by ``owner_id`` with ``request_id`` is a retry of this lease's claim.
@@ -134,13 +168,42 @@ class Lease:
         return request_id is None or request_id == self.claim_request_id
 
     @property
+    def attempt_used_up(self) -> bool:
+        """Whether the current lease's ending uses up the task's last attempt.
+
+        The rule of fragment ``attempt_used_up`` in ``sql/queries.sql``.
+        """
+        return self.max_attempts is not None and self.recorded_attempts + 1 >= self.max_attempts
+
+    @property
     def state(self) -> TaskState:
         """The task state at ``db_now``."""
-        if self.row_state == "completed":
-            return TaskState.COMPLETED
+        terminal = _TERMINAL.get(self.row_state)
+        if terminal is not None:
+            return terminal
+        if self.row_state == "quarantined":
+            return TaskState.QUARANTINED
         if self.row_state != "held":
             return TaskState.FREE
-        return TaskState.HELD if self.expire_time > self.db_now else TaskState.EXPIRED
+        if self.expire_time > self.db_now:
+            return TaskState.HELD
+        return TaskState.QUARANTINED if self.attempt_used_up else TaskState.EXPIRED
+
+    @property
+    def attempts(self) -> int:
+        """Grants that ended without a release, at ``db_now``: an expired lease counts."""
+        ended_now = self.row_state == "held" and self.expire_time <= self.db_now
+        return self.recorded_attempts + ended_now
+
+    @property
+    def unclaimable(self) -> LossReason | None:
+        """Why no claim is granted whatever the owner (TASK_COMPLETED, ...), or None."""
+        state = self.state
+        if state is TaskState.QUARANTINED:
+            return LossReason.TASK_QUARANTINED
+        if state.value in ("COMPLETED", "CANCELLED", "FAILED"):
+            return _ROW_STATE_REASON[self.row_state]
+        return None
 
     @property
     def remaining_ttl(self) -> timedelta:
@@ -152,14 +215,17 @@ class Lease:
     @property
     def last_loss(self) -> LossReason | None:
         """Why the current fence's lease is no longer live, or None while it is HELD."""
-        state = self.state
-        if state is TaskState.HELD:
-            return None
-        if state is TaskState.EXPIRED:
+        if self.row_state == "held":
+            if self.expire_time > self.db_now:
+                return None
             if self.expire_time >= self.runtime_deadline:
                 return LossReason.RUNTIME_EXCEEDED
             return LossReason.LEASE_EXPIRED
-        return _ROW_STATE_REASON[self.row_state]
+        reason = _ROW_STATE_REASON.get(self.row_state)
+        if reason is not None:
+            return reason
+        # quarantined, retried: the lease ended as end_reason says
+        return LossReason(self.end_reason) if self.end_reason else LossReason.LEASE_EXPIRED
 
 
 def lease_from_row(row: Mapping[str, Any]) -> Lease:
@@ -177,7 +243,83 @@ def lease_from_row(row: Mapping[str, Any]) -> Lease:
         claim_request_id=row["claim_request_id"],
         db_now=row["db_now"],
         revoke_reason=row.get("revoke_reason"),
+        recorded_attempts=row.get("attempts") or 0,
+        max_attempts=row.get("max_attempts"),
+        state_reason=row.get("state_reason"),
+        checkpoint_version=row.get("checkpoint_version"),
+        checkpoint_size=row.get("checkpoint_size"),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A task's saved progress (one per task, the latest), as stored.
+
+    Attributes:
+        version: chosen by the worker; every write moves it forward.
+        data: opaque bytes, at most the server's max_checkpoint_bytes.
+        content_type: what ``data`` is (may be empty).
+        fence: the fence that wrote it.
+        write_time: when it was written (database clock).
+    """
+
+    version: int
+    data: bytes
+    content_type: str
+    fence: int
+    write_time: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointWrite:
+    """A checkpoint a worker sends: what SaveCheckpoint, a beat or CompleteEffect carries."""
+
+    version: int
+    data: bytes
+    content_type: str
+
+
+def checkpoint_from_row(row: Mapping[str, Any]) -> Checkpoint | None:
+    """The checkpoint columns of a task row (``{{checkpoint_columns}}``); None when none."""
+    if row.get("checkpoint_version") is None:
+        return None
+    return Checkpoint(
+        version=row["checkpoint_version"],
+        data=bytes(row["checkpoint_data"]),
+        content_type=row["checkpoint_content_type"] or "",
+        fence=row["checkpoint_fence"],
+        write_time=row["checkpoint_time"],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One entry of a task's history (``leasekeeper_task_history``; the proto's HistoryEntry).
+
+    ``kind`` is the stored kind: granted, released, expired, revoked,
+    completed, failed, cancelled, quarantined, retried, checkpoint_saved,
+    effect_reserved, effect_completed, fence_refused. Fields a kind does not
+    use are 0 or empty.
+    """
+
+    sequence: int
+    event_time: datetime
+    kind: str
+    fence: int
+    owner_id: str
+    attempt: int
+    checkpoint_version: int
+    checkpoint_size: int
+    effect_key: str
+    effect_outcome: str
+    external_operation_id: str
+    reason: str
+    method: str
+
+
+def history_from_row(row: Mapping[str, Any]) -> HistoryEntry:
+    """A row of ``leasekeeper_task_history`` as a HistoryEntry."""
+    return HistoryEntry(**{name: row[name] for name in HistoryEntry.__dataclass_fields__})
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +329,7 @@ class ClaimOutcome:
     Attributes:
         acquired: the caller holds ``lease``.
         lease: the task's lease after the claim (the holder's when not acquired).
+        checkpoint: when acquired, the task's checkpoint (None: none saved).
         retry_after: when not acquired, how long until the task can be granted
             as far as the database can tell now (the holder's remaining ttl,
             plus the namespace's lock delay should the lease expire).
@@ -195,6 +338,7 @@ class ClaimOutcome:
     acquired: bool
     lease: Lease
     retry_after: timedelta = ZERO
+    checkpoint: Checkpoint | None = None
 
 
 def fence_loss(lease: Lease | None, fence: int) -> LossReason | None:
@@ -208,8 +352,9 @@ def fence_loss(lease: Lease | None, fence: int) -> LossReason | None:
     if fence > current:
         return LossReason.FENCE_UNKNOWN
     assert lease is not None
-    if lease.state is TaskState.COMPLETED:
-        return LossReason.TASK_COMPLETED
+    terminal = _TERMINAL.get(lease.row_state)
+    if terminal is not None:  # every fence of an ended task: the task's own reason
+        return _ROW_STATE_REASON[lease.row_state]
     if fence < current:
         return LossReason.LEASE_SUPERSEDED
     return lease.last_loss
@@ -226,7 +371,7 @@ def owner_loss(lease: Lease | None, owner_id: str, fence: int) -> LossReason | N
         lease is not None
         and fence == lease.fence
         and lease.owner_id != owner_id
-        and reason is not LossReason.TASK_COMPLETED
+        and lease.row_state not in _TERMINAL
     ):
         return LossReason.NOT_OWNER
     return reason

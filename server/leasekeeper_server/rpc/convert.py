@@ -8,7 +8,14 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper_server.core.effect_rules import BeginDecision, Effect, EffectPolicy, EffectState
-from leasekeeper_server.core.model import ZERO, Lease, LossReason, TaskState
+from leasekeeper_server.core.model import (
+    ZERO,
+    Checkpoint,
+    HistoryEntry,
+    Lease,
+    LossReason,
+    TaskState,
+)
 
 # Domain enum -> proto enum value, by name (the proto's values carry a prefix).
 _STATE: dict[TaskState, pb.TaskState] = {s: getattr(pb, f"TASK_STATE_{s.value}") for s in TaskState}
@@ -73,6 +80,48 @@ def lease(task: Lease) -> pb.Lease:
         remaining_ttl=duration(task.remaining_ttl),
         runtime_deadline=timestamp(task.runtime_deadline),
         claim_time=timestamp(task.claim_time),
+        attempts=task.attempts,
+        max_attempts=task.max_attempts or 0,
+        cancel_reason=(task.state_reason or "") if state is TaskState.CANCELLED else "",
+        fail_reason=(task.state_reason or "") if state is TaskState.FAILED else "",
+        checkpoint_version=task.checkpoint_version or 0,
+        checkpoint_size=task.checkpoint_size or 0,
+    )
+
+
+def checkpoint(saved: Checkpoint | None, with_data: bool = True) -> pb.Checkpoint | None:
+    """The Checkpoint message (None for none); ``with_data`` False leaves data out."""
+    if saved is None:
+        return None
+    return pb.Checkpoint(
+        version=saved.version,
+        data=saved.data if with_data else b"",
+        content_type=saved.content_type,
+        fence=saved.fence,
+        write_time=timestamp(saved.write_time),
+    )
+
+
+def history_entry(entry: HistoryEntry) -> pb.HistoryEntry:
+    """The HistoryEntry message for a stored entry (kind 'granted' -> HISTORY_KIND_GRANTED)."""
+    return pb.HistoryEntry(
+        sequence=entry.sequence,
+        event_time=timestamp(entry.event_time),
+        kind=getattr(pb, f"HISTORY_KIND_{entry.kind.upper()}"),
+        fence=entry.fence,
+        owner_id=entry.owner_id,
+        attempt=entry.attempt,
+        checkpoint_version=entry.checkpoint_version,
+        checkpoint_size=entry.checkpoint_size,
+        effect_key=entry.effect_key,
+        effect_outcome=(
+            getattr(pb, f"EFFECT_STATE_{entry.effect_outcome.upper()}")
+            if entry.effect_outcome
+            else pb.EFFECT_STATE_UNSPECIFIED
+        ),
+        external_operation_id=entry.external_operation_id,
+        reason=entry.reason,
+        method=entry.method,
     )
 
 
@@ -90,6 +139,7 @@ def effect(record: Effect) -> pb.Effect:
         retryable=record.retryable,
         result=record.result,
         attempts=record.attempts,
+        external_operation_id=record.external_operation_id,
     )
     msg.begin_time.CopyFrom(timestamp(record.begin_time))
     if record.complete_time is not None:

@@ -16,6 +16,11 @@ decides; a lost lease ends the stream at once with ABORTED and the reason
 without waiting for the client's next beat. The server's monotonic clock
 only schedules that read; it never decides anything.
 
+A beat may carry a checkpoint: it is saved by that beat's renewal, in the
+same statement (``renew``), so such a beat is always written; the answer's
+``checkpoint_version`` says what is stored (a version that does not move
+forward is not stored, and does not end the stream).
+
 The stream ends with OK when the client half-closes (the lease stays HELD
 until it expires or is released), with UNAVAILABLE when the server shuts
 down or loses its database (the lease lives on; resume with the same fence),
@@ -34,7 +39,13 @@ import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper_server.core.errors import InvalidArgument, LeaseLost
-from leasekeeper_server.core.model import Lease, LeaseRef, LossReason, owner_loss
+from leasekeeper_server.core.model import (
+    CheckpointWrite,
+    Lease,
+    LeaseRef,
+    LossReason,
+    owner_loss,
+)
 from leasekeeper_server.observability.metrics import Metrics
 from leasekeeper_server.rpc import convert, validate
 from leasekeeper_server.rpc.handling import check_parsed
@@ -129,7 +140,7 @@ class _Stream:
             ("owner_id", self._ref.owner_id),
         )
         self._set_ttl(validate.ttl(first, self._settings))
-        self._renewed(await self._store.renew(ref, self._ttl))
+        self._renewed(await self._store.renew(ref, self._ttl, self._checkpoint(first)))
         await self._reply(renewed=True)
 
         # Beats are read and answered here, one after another, with nothing
@@ -146,10 +157,12 @@ class _Stream:
                         message = await self._context.read()
                         if message is grpc.aio.EOF:
                             return
-                        if self._beat_renews(message):
+                        renews = self._beat_renews(message)
+                        checkpoint = self._checkpoint(message)
+                        if renews or checkpoint is not None:
                             # Four frames to SQL: Store.renew -> Coalescer.submit ->
                             # Coalescer._drain -> BatchedStatement._run_batch.
-                            self._renewed(await self._store.renew(ref, self._ttl))
+                            self._renewed(await self._store.renew(ref, self._ttl, checkpoint))
                             await self._reply(renewed=True)
                         else:
                             await self._reply(renewed=False)
@@ -215,6 +228,12 @@ class _Stream:
             self._set_ttl(validate.ttl(message, self._settings))
         return time.monotonic() - self._renewed_at >= self._renew_interval_s
 
+    def _checkpoint(self, message: pb.HeartbeatRequest) -> CheckpointWrite | None:
+        """The checkpoint a beat carries, checked; None when it carries none."""
+        if not message.HasField("checkpoint"):
+            return None
+        return validate.checkpoint("checkpoint", message.checkpoint, self._settings)
+
     def _set_ttl(self, ttl: timedelta) -> None:
         self._ttl = ttl
         # A short ttl shortens the interval too: a lease must be renewable
@@ -250,6 +269,7 @@ class _Stream:
                 renewed=renewed,
                 expire_time=convert.timestamp(lease.expire_time),
                 remaining_ttl=convert.duration(remaining),
+                checkpoint_version=lease.checkpoint_version or 0,
             )
         )
 

@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
-from leasekeeper_server.core.errors import TaskNotFound
+from leasekeeper_server.core.errors import LeaseLost, TaskNotFound
 from leasekeeper_server.core.limits import LimitsCache
-from leasekeeper_server.core.model import ClaimOutcome, TaskKey, fence_loss
+from leasekeeper_server.core.model import ClaimOutcome, LeaseRef, TaskKey, fence_loss
 from leasekeeper_server.rpc import convert, validate
 from leasekeeper_server.rpc.handling import parse_or_malformed, streaming, unary
 from leasekeeper_server.rpc.heartbeat import HeartbeatService
@@ -71,17 +71,29 @@ class LeaseServicer:
         request_id = validate.request_id(request.request_id, s.max_id_bytes)
         wait = validate.claim_wait(request, s)
         limits = self._limits.get(key.namespace)
+        max_attempts = validate.max_attempts(request, limits.max_attempts)
 
         # A partial, not a closure: no frame between the handler and Store.claim.
         claim = functools.partial(
-            self._store.claim, key, owner_id, ttl, max_runtime, request_id, limits
+            self._store.claim,
+            key,
+            owner_id,
+            ttl,
+            max_runtime,
+            request_id,
+            limits,
+            max_attempts=max_attempts,
         )
         if wait > timedelta(0):
             outcome = await self._claim_waiting(key, claim, wait)
         else:
             outcome = await claim()
         if outcome.acquired:
-            return pb.ClaimResponse(acquired=True, lease=convert.lease(outcome.lease))
+            return pb.ClaimResponse(
+                acquired=True,
+                lease=convert.lease(outcome.lease),
+                checkpoint=convert.checkpoint(outcome.checkpoint),
+            )
         return pb.ClaimResponse(
             acquired=False,
             holder_remaining_ttl=convert.duration(outcome.lease.remaining_ttl),
@@ -143,7 +155,8 @@ class LeaseServicer:
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
         """Releases or completes a lease; idempotent for the same fence."""
         ref = validate.lease_ref(request, self._settings)
-        lease = await self._store.release(ref, request.complete)
+        fail_reason = validate.fail_reason(request)
+        lease = await self._store.release(ref, request.complete, request.fail, fail_reason)
         return pb.ReleaseResponse(lease=convert.lease(lease))
 
     @unary
@@ -162,6 +175,8 @@ class LeaseServicer:
                 remaining_ttl=convert.duration(lease.remaining_ttl),
                 expire_time=convert.timestamp(lease.expire_time),
             )
+        if lease is not None and reason is not None:  # a stale fence: into the task's history
+            await self._store.record_refusal(key, fence, reason, "ValidateFence")
         return pb.ValidateFenceResponse(
             valid=False,
             current_fence=lease.fence if lease is not None else 0,
@@ -177,7 +192,8 @@ class LeaseServicer:
             raise TaskNotFound(
                 f"task {key.task_id!r} in namespace {key.namespace!r} was never claimed"
             )
-        return pb.GetLeaseResponse(lease=convert.lease(lease))
+        saved = await self._store.get_checkpoint(key) if lease.checkpoint_version else None
+        return pb.GetLeaseResponse(lease=convert.lease(lease), checkpoint=convert.checkpoint(saved))
 
     @unary
     async def ListLeases(
@@ -205,7 +221,12 @@ class LeaseServicer:
     ) -> pb.BeginEffectResponse:
         """Reserves an effect for a live fence (see ledger.py and effect_rules.py)."""
         begin = validate.begin_request(request, self._settings)
-        decision, record = await self._ledger.begin(begin)
+        try:
+            decision, record = await self._ledger.begin(begin)
+        except LeaseLost as lost:  # a stale fence: into the task's history, then refused
+            task = TaskKey(begin.key.namespace, begin.key.task_id)
+            await self._store.record_refusal(task, begin.fence, lost.loss, "BeginEffect")
+            raise
         return pb.BeginEffectResponse(
             decision=convert.DECISION[decision], effect=convert.effect(record)
         )
@@ -218,8 +239,18 @@ class LeaseServicer:
         key = validate.effect_key(request, self._settings)
         fence = validate.fence("fence", request.fence)
         outcome = validate.outcome(request, self._settings)
-        record = await self._ledger.complete(key, fence, outcome)
-        return pb.CompleteEffectResponse(effect=convert.effect(record))
+        if not request.HasField("next_checkpoint"):
+            record = await self._ledger.complete(key, fence, outcome)
+            return pb.CompleteEffectResponse(effect=convert.effect(record))
+        checkpoint = validate.checkpoint("next_checkpoint", request.next_checkpoint, self._settings)
+        # The checkpoint is written by the fence's owner: the task's current owner,
+        # which _check_fence in the transaction holds to this fence.
+        lease = await self._store.get_lease(TaskKey(key.namespace, key.task_id))
+        ref = LeaseRef(TaskKey(key.namespace, key.task_id), lease.owner_id if lease else "", fence)
+        record, saved = await self._ledger.complete_and_save(key, fence, outcome, ref, checkpoint)
+        return pb.CompleteEffectResponse(
+            effect=convert.effect(record), checkpoint=convert.checkpoint(saved, with_data=False)
+        )
 
     @unary
     async def ListEffects(
@@ -246,6 +277,47 @@ class LeaseServicer:
         fence = validate.optional_fence("fence", request.fence)
         revoked, lease = await self._store.revoke(key, reason, fence)
         return pb.RevokeResponse(revoked=revoked, lease=convert.lease(lease))
+
+    @unary
+    async def SaveCheckpoint(
+        self, request: pb.SaveCheckpointRequest, context: Any
+    ) -> pb.SaveCheckpointResponse:
+        """Saves the task's checkpoint under the caller's live lease (see the proto)."""
+        ref = validate.lease_ref(request, self._settings)
+        checkpoint = validate.checkpoint("checkpoint", request.checkpoint, self._settings)
+        saved, lease = await self._store.save_checkpoint(ref, checkpoint)
+        return pb.SaveCheckpointResponse(
+            checkpoint=convert.checkpoint(saved, with_data=False), lease=convert.lease(lease)
+        )
+
+    @unary
+    async def Cancel(self, request: pb.CancelRequest, context: Any) -> pb.CancelResponse:
+        """Cancels a task for good (an operator's call; see the proto)."""
+        key = validate.task_key(request, self._settings)
+        reason = validate.revoke_reason(request.reason)
+        return pb.CancelResponse(lease=convert.lease(await self._store.cancel(key, reason)))
+
+    @unary
+    async def Retry(self, request: pb.RetryRequest, context: Any) -> pb.RetryResponse:
+        """Puts a quarantined task back (an operator's call; see the proto)."""
+        key = validate.task_key(request, self._settings)
+        reason = validate.revoke_reason(request.reason)
+        return pb.RetryResponse(lease=convert.lease(await self._store.retry(key, reason)))
+
+    @unary
+    async def ListTaskHistory(
+        self, request: pb.ListTaskHistoryRequest, context: Any
+    ) -> pb.ListTaskHistoryResponse:
+        """One page of a task's history, oldest first."""
+        key = validate.task_key(request, self._settings)
+        size = validate.page_size(request.page_size)
+        listing = ("ListTaskHistory", key.namespace, key.task_id)
+        after = self._page_tokens.position(listing, request.page_token)
+        entries = await self._store.list_history(key, int(after or 0), size + 1)
+        page, token = self._page_tokens.page(listing, entries, size, lambda e: str(e.sequence))
+        return pb.ListTaskHistoryResponse(
+            entries=[convert.history_entry(e) for e in page], next_page_token=token
+        )
 
     @streaming
     async def Heartbeat(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
@@ -283,6 +355,14 @@ def method_handlers(servicer: LeaseServicer) -> grpc.GenericRpcHandler:
         ),
         "ListEffects": unary_handler("ListEffects", pb.ListEffectsRequest, pb.ListEffectsResponse),
         "Revoke": unary_handler("Revoke", pb.RevokeRequest, pb.RevokeResponse),
+        "SaveCheckpoint": unary_handler(
+            "SaveCheckpoint", pb.SaveCheckpointRequest, pb.SaveCheckpointResponse
+        ),
+        "Cancel": unary_handler("Cancel", pb.CancelRequest, pb.CancelResponse),
+        "Retry": unary_handler("Retry", pb.RetryRequest, pb.RetryResponse),
+        "ListTaskHistory": unary_handler(
+            "ListTaskHistory", pb.ListTaskHistoryRequest, pb.ListTaskHistoryResponse
+        ),
         "Watch": grpc.unary_stream_rpc_method_handler(
             servicer.Watch,
             request_deserializer=parse_or_malformed(pb.WatchRequest),

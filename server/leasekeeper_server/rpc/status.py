@@ -22,7 +22,9 @@ from leasekeeper_server.core import errors
 _CODES: tuple[tuple[type[errors.LeaseServiceError], grpc.StatusCode], ...] = (
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.LeaseLost, grpc.StatusCode.ABORTED),
-    (errors.TaskCompleted, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.TaskNotClaimable, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.TaskNotQuarantined, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.CheckpointNotNewer, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.EffectConflict, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.TaskNotFound, grpc.StatusCode.NOT_FOUND),
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),

@@ -28,7 +28,7 @@ from leasekeeper_server.core.effect_rules import (
     Outcome,
 )
 from leasekeeper_server.core.errors import InvalidArgument
-from leasekeeper_server.core.model import LeaseRef, TaskKey, TaskState
+from leasekeeper_server.core.model import CheckpointWrite, LeaseRef, TaskKey, TaskState
 from leasekeeper_server.rpc.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from leasekeeper_server.settings import Settings
 
@@ -255,7 +255,64 @@ def outcome(req: pb.CompleteEffectRequest, settings: Settings) -> Outcome:
             f"is {len(req.result)} bytes long; "
             f"at most {settings.max_effect_result_bytes} bytes allowed",
         )
-    return Outcome(state, req.retryable, req.result)
+    external_id = req.external_operation_id
+    if external_id:
+        external_id = identifier("external_operation_id", external_id, settings.max_id_bytes)
+    return Outcome(state, req.retryable, req.result, external_id)
+
+
+MAX_ATTEMPTS_BOUND = 1_000_000
+CONTENT_TYPE_MAX_BYTES = 128
+
+
+def max_attempts(req: pb.ClaimRequest, namespace_default: int | None) -> int | None:
+    """The claim's attempt limit: its own, else the namespace's default, else None (none).
+
+    Bounds: [0, 1000000]; 0 means "the namespace's default".
+    """
+    value = req.max_attempts
+    if not 0 <= value <= MAX_ATTEMPTS_BOUND:
+        raise InvalidArgument(
+            "max_attempts", f"must lie in [0, {MAX_ATTEMPTS_BOUND}] (0: the default), got {value}"
+        )
+    return value or namespace_default
+
+
+def checkpoint(field: str, message: pb.Checkpoint, settings: Settings) -> CheckpointWrite:
+    """A checkpoint a worker sends: version >= 1, data within max_checkpoint_bytes, content type.
+
+    ``field`` is the request's field holding it (``checkpoint`` or
+    ``next_checkpoint``); errors name ``field.version`` etc. The message's
+    fence and write_time are the server's to set and are ignored.
+    """
+    if message.version < 1:
+        raise InvalidArgument(f"{field}.version", f"must be >= 1, got {message.version}")
+    limit = settings.max_checkpoint_bytes
+    if len(message.data) > limit:
+        raise InvalidArgument(
+            f"{field}.data", f"is {len(message.data)} bytes long; at most {limit} bytes allowed"
+        )
+    content_type = message.content_type
+    if len(content_type) > CONTENT_TYPE_MAX_BYTES or not all(
+        " " <= ch <= "~" for ch in content_type
+    ):
+        raise InvalidArgument(
+            f"{field}.content_type",
+            f"must be at most {CONTENT_TYPE_MAX_BYTES} characters of printable ASCII "
+            '(e.g. "application/json")',
+        )
+    return CheckpointWrite(message.version, message.data, content_type)
+
+
+def fail_reason(req: pb.ReleaseRequest) -> str:
+    """Release's fail_reason: only with fail; may be empty; the rules of a revoke's reason."""
+    if req.fail and req.complete:
+        raise InvalidArgument("fail", "a run ends either completed or failed, not both")
+    if not req.fail_reason:
+        return ""
+    if not req.fail:
+        raise InvalidArgument("fail_reason", "is given only with fail")
+    return identifier("fail_reason", req.fail_reason, REVOKE_REASON_MAX_BYTES)
 
 
 def effect_state_filter(value: int) -> EffectState | None:

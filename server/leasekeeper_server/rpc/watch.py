@@ -38,6 +38,10 @@ _EVENT_TYPE = {
     "expired": pb.TASK_EVENT_TYPE_EXPIRED,
     "completed": pb.TASK_EVENT_TYPE_COMPLETED,
     "revoked": pb.TASK_EVENT_TYPE_REVOKED,
+    "quarantined": pb.TASK_EVENT_TYPE_QUARANTINED,
+    "retried": pb.TASK_EVENT_TYPE_RETRIED,
+    "cancelled": pb.TASK_EVENT_TYPE_CANCELLED,
+    "failed": pb.TASK_EVENT_TYPE_FAILED,
 }
 
 

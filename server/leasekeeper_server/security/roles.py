@@ -23,10 +23,19 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
             "BeginEffect",
             "CompleteEffect",
             "ListEffects",
+            "SaveCheckpoint",
+            "ListTaskHistory",
         }
     ),
     "effect": frozenset(
-        {"ValidateFence", "GetLease", "BeginEffect", "CompleteEffect", "ListEffects"}
+        {
+            "ValidateFence",
+            "GetLease",
+            "BeginEffect",
+            "CompleteEffect",
+            "ListEffects",
+            "ListTaskHistory",
+        }
     ),
 }
 

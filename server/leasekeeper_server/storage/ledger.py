@@ -43,7 +43,15 @@ from leasekeeper_server.core.effect_rules import (
     decide_begin,
 )
 from leasekeeper_server.core.errors import LeaseLost
-from leasekeeper_server.core.model import LossReason, TaskKey, fence_loss, lease_from_row
+from leasekeeper_server.core.model import (
+    Checkpoint,
+    CheckpointWrite,
+    LeaseRef,
+    LossReason,
+    TaskKey,
+    fence_loss,
+    lease_from_row,
+)
 from leasekeeper_server.storage.store import Store
 
 
@@ -63,6 +71,7 @@ def effect_from_row(row: asyncpg.Record) -> Effect:
         attempts=row["attempts"],
         begin_time=row["begin_time"],
         complete_time=row["complete_time"],
+        external_operation_id=row["external_operation_id"],
     )
 
 
@@ -73,9 +82,11 @@ class EffectLedger:
         self._store = store
         self._sql = store.sql
 
-    async def _check_fence(self, conn: asyncpg.Connection, key: EffectKey, fence: int) -> None:
-        """Share-locks the task row; raises LeaseLost (ABORTED) unless ``fence`` may act now."""
-        row = await conn.fetchrow(self._sql["lock_lease"], key.namespace, key.task_id)
+    async def _check_fence(
+        self, conn: asyncpg.Connection, key: EffectKey, fence: int, lock: str = "lock_lease"
+    ) -> None:
+        """Locks the task row (``lock``: share or exclusive); LeaseLost unless ``fence`` may act."""
+        row = await conn.fetchrow(self._sql[lock], key.namespace, key.task_id)
         task = lease_from_row(row) if row is not None else None
         reason = fence_loss(task, fence)
         if reason is not None:
@@ -143,23 +154,54 @@ class EffectLedger:
             EffectAlreadyCompleted: another outcome is recorded (FAILED_PRECONDITION).
             DatabaseUnavailable: UNAVAILABLE.
         """
-        args = (key.namespace, key.task_id, key.effect_key)
         async with self._store.transaction() as conn:
             await self._check_fence(conn, key, fence)
-            row = await conn.fetchrow(self._sql["lock_effect"], *args)
-            record = await self._settle(conn, key, fence, row) if row is not None else None
-            if not check_complete(record, outcome):
-                assert record is not None
-                return record
-            row = await conn.fetchrow(
-                self._sql["complete_effect"],
-                *args,
-                fence,
-                outcome.state.value,
-                outcome.retryable,
-                outcome.result,
-            )
-            return await self._settle(conn, key, fence, row)
+            return await self._complete(conn, key, fence, outcome)
+
+    async def complete_and_save(
+        self,
+        key: EffectKey,
+        fence: int,
+        outcome: Outcome,
+        ref: LeaseRef,
+        checkpoint: CheckpointWrite,
+    ) -> tuple[Effect, Checkpoint]:
+        """Records an effect's outcome and saves the checkpoint after it: both or neither.
+
+        One transaction holding the task's row exclusively; the checkpoint is
+        decided as ``Store.save_checkpoint`` decides it (``ref`` names the
+        caller's lease: its owner and fence). Idempotent like each part.
+
+        Raises:
+            LeaseLost, EffectNotBegun, EffectAlreadyCompleted: as :meth:`complete`.
+            CheckpointNotNewer: (FAILED_PRECONDITION) nothing recorded.
+            DatabaseUnavailable: UNAVAILABLE.
+        """
+        async with self._store.transaction() as conn:
+            await self._check_fence(conn, key, fence, "lock_lease_exclusive")
+            record = await self._complete(conn, key, fence, outcome)
+            saved, _lease = await self._store.save_checkpoint(ref, checkpoint, conn)
+            return record, saved
+
+    async def _complete(
+        self, conn: asyncpg.Connection, key: EffectKey, fence: int, outcome: Outcome
+    ) -> Effect:
+        args = (key.namespace, key.task_id, key.effect_key)
+        row = await conn.fetchrow(self._sql["lock_effect"], *args)
+        record = await self._settle(conn, key, fence, row) if row is not None else None
+        if not check_complete(record, outcome):
+            assert record is not None
+            return record
+        row = await conn.fetchrow(
+            self._sql["complete_effect"],
+            *args,
+            fence,
+            outcome.state.value,
+            outcome.retryable,
+            outcome.result,
+            outcome.external_operation_id,
+        )
+        return await self._settle(conn, key, fence, row)
 
     async def list(
         self, task: TaskKey, after_effect_key: str, limit: int, state: EffectState | None

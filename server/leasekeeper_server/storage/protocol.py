@@ -51,7 +51,17 @@ from leasekeeper_server.core.effect_rules import (
     Outcome,
 )
 from leasekeeper_server.core.limits import NO_LIMITS, NamespaceLimits
-from leasekeeper_server.core.model import ClaimOutcome, Lease, LeaseRef, TaskKey, TaskState
+from leasekeeper_server.core.model import (
+    Checkpoint,
+    CheckpointWrite,
+    ClaimOutcome,
+    HistoryEntry,
+    Lease,
+    LeaseRef,
+    LossReason,
+    TaskKey,
+    TaskState,
+)
 
 
 class LeaseStore(Protocol):
@@ -66,6 +76,7 @@ class LeaseStore(Protocol):
         request_id: str | None = None,
         limits: NamespaceLimits = NO_LIMITS,
         take_token: bool = True,
+        max_attempts: int | None = None,
     ) -> ClaimOutcome:
         """Claims a task for ``owner_id``; atomic, decided on the storage's clock.
 
@@ -89,15 +100,21 @@ class LeaseStore(Protocol):
                 on the storage's own copy of the limits.
             take_token: False for a retry of a waiting Claim that already
                 took its rate token.
+            max_attempts: the grant's attempt limit (None: none). Taking over
+                an EXPIRED lease counts it as an attempt; an EXPIRED lease whose
+                ending used up its grant's limit is not taken over (the task is
+                QUARANTINED: ``Lease.attempt_used_up``).
 
         Returns:
-            ``acquired=True`` with the caller's lease (new or handed back), or
+            ``acquired=True`` with the caller's lease (new or handed back) and
+            the task's checkpoint, or
             ``acquired=False`` with the holder's lease and ``retry_after``:
             the holder's remaining ttl plus the lock delay, or, for an
             EXPIRED lease in its lock delay, ``expire_time + lock_delay - now``.
 
         Raises:
-            TaskCompleted: the task is COMPLETED (FAILED_PRECONDITION).
+            TaskNotClaimable: the task is COMPLETED, CANCELLED, FAILED or
+                QUARANTINED (FAILED_PRECONDITION; ``Lease.unclaimable``).
             LeaseLimit: the namespace holds ``max_leases`` live leases
                 (RESOURCE_EXHAUSTED; nothing changed).
             ClaimRateLimit: the namespace's claim bucket is empty
@@ -105,12 +122,17 @@ class LeaseStore(Protocol):
         """
         ...
 
-    async def renew(self, ref: LeaseRef, ttl: timedelta) -> Lease:
+    async def renew(
+        self, ref: LeaseRef, ttl: timedelta | None, checkpoint: CheckpointWrite | None = None
+    ) -> Lease:
         """Extends a live lease to ``min(now + ttl, runtime_deadline)``; atomic.
 
         The rule (``core/model.py`` "renew", SQL ``renew``): only the HELD
         lease of ``ref.owner_id`` with ``ref.fence``; an EXPIRED lease is never
-        revived, even by its owner and fence.
+        revived, even by its owner and fence. ``ttl`` None: not extended.
+        ``checkpoint``: stored in the same decision when its version is
+        higher than the stored one (``Lease.checkpoint_version`` of the
+        answer says what is stored).
 
         Returns:
             The renewed lease (``db_now`` the instant of the renewal).
@@ -123,8 +145,30 @@ class LeaseStore(Protocol):
         """
         ...
 
-    async def release(self, ref: LeaseRef, complete: bool) -> Lease:
-        """Ends the lease of ``ref`` (live or expired): FREE, or COMPLETED when ``complete``.
+    async def save_checkpoint(
+        self, ref: LeaseRef, checkpoint: CheckpointWrite
+    ) -> tuple[Checkpoint, Lease]:
+        """Stores the task's checkpoint under ``ref``'s live lease (``renew`` without ttl).
+
+        Idempotent for the stored version rewritten by its fence with the
+        same data and content type.
+
+        Raises:
+            LeaseLost: (ABORTED) as :meth:`renew`; nothing stored.
+            CheckpointNotNewer: (FAILED_PRECONDITION) the version is not higher.
+        """
+        ...
+
+    async def get_checkpoint(self, key: TaskKey) -> Checkpoint | None:
+        """The task's checkpoint with its data; None when none was saved."""
+        ...
+
+    async def release(
+        self, ref: LeaseRef, complete: bool, fail: bool = False, fail_reason: str = ""
+    ) -> Lease:
+        """Ends the lease of ``ref`` (live or expired): FREE, COMPLETED or FAILED.
+
+        ``fail`` ends the run as failed (terminal; ``fail_reason`` recorded).
 
         The rule (``core/model.py`` "release", SQL ``release``): the fence
         matching proves no newer grant exists, so an expired lease may still
@@ -187,8 +231,37 @@ class LeaseStore(Protocol):
 
         Raises:
             TaskNotFound: never claimed (NOT_FOUND).
-            TaskCompleted: the task is COMPLETED (FAILED_PRECONDITION).
+            TaskNotClaimable: the task is COMPLETED, CANCELLED or FAILED
+                (FAILED_PRECONDITION).
         """
+        ...
+
+    async def cancel(self, key: TaskKey, reason: str) -> Lease:
+        """Cancels the task: CANCELLED, terminal, its lease ended now; idempotent.
+
+        Raises:
+            TaskNotFound: never claimed (NOT_FOUND).
+            TaskNotClaimable: COMPLETED or FAILED (FAILED_PRECONDITION).
+        """
+        ...
+
+    async def retry(self, key: TaskKey, reason: str) -> Lease:
+        """Puts a QUARANTINED task back: FREE, attempts 0, fence kept.
+
+        Raises:
+            TaskNotFound: never claimed (NOT_FOUND).
+            TaskNotQuarantined: not QUARANTINED (FAILED_PRECONDITION).
+        """
+        ...
+
+    async def record_refusal(self, key: TaskKey, fence: int, loss: LossReason, method: str) -> None:
+        """A FENCE_REFUSED history entry (none for a task never claimed)."""
+        ...
+
+    async def list_history(
+        self, key: TaskKey, after_sequence: int, limit: int
+    ) -> builtins.list[HistoryEntry]:
+        """Up to ``limit`` history entries of the task after ``after_sequence``, oldest first."""
         ...
 
 
@@ -229,6 +302,21 @@ class EffectStore(Protocol):
             LeaseLost: the fence is not current and live (ABORTED); nothing recorded.
             EffectNotBegun: no record for the key (FAILED_PRECONDITION).
             EffectAlreadyCompleted: another outcome is recorded (FAILED_PRECONDITION).
+        """
+        ...
+
+    async def complete_and_save(
+        self,
+        key: EffectKey,
+        fence: int,
+        outcome: Outcome,
+        ref: LeaseRef,
+        checkpoint: CheckpointWrite,
+    ) -> tuple[Effect, Checkpoint]:
+        """:meth:`complete` and ``LeaseStore.save_checkpoint`` in one transaction: both or neither.
+
+        Raises:
+            As :meth:`complete`, and CheckpointNotNewer (FAILED_PRECONDITION).
         """
         ...
 

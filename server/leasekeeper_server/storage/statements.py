@@ -44,6 +44,7 @@ class ClaimParams:
         max_runtime: the runtime budget from the grant.
         request_id: the claim's request id (AIP-155), or None for none.
         lock_delay: the namespace's lock delay after an expiry (zero for none).
+        max_attempts: the grant's attempt limit (None for none).
     """
 
     namespace: str
@@ -53,6 +54,7 @@ class ClaimParams:
     max_runtime: timedelta
     request_id: str | None
     lock_delay: timedelta
+    max_attempts: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +63,21 @@ class RenewParams:
 
     Attributes:
         fence: the lease's fence; only that fence's live lease is extended.
-        ttl: the new remaining time (never past the runtime deadline).
+        ttl: the new remaining time (never past the runtime deadline); None:
+            not renewed (a checkpoint written on its own).
+        checkpoint_version: a checkpoint to store with the renewal when higher
+            than the stored version; None: no checkpoint. Its data and
+            content type follow.
     """
 
     namespace: str
     task_id: str
     owner_id: str
     fence: int
-    ttl: timedelta
+    ttl: timedelta | None
+    checkpoint_version: int | None = None
+    checkpoint_data: bytes | None = None
+    checkpoint_content_type: str | None = None
 
 
 class Unsent(enum.Enum):

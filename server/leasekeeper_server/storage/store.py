@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -25,25 +26,32 @@ from typing import Any
 import asyncpg
 
 from leasekeeper_server.core.errors import (
+    CheckpointNotNewer,
     ClaimRateLimit,
     DatabaseUnavailable,
     LeaseLimit,
     LeaseLost,
     LeaseServiceError,
     StatementsRefused,
-    TaskCompleted,
+    TaskNotClaimable,
     TaskNotFound,
+    TaskNotQuarantined,
 )
 from leasekeeper_server.core.limits import NO_LIMITS, NamespaceLimits, refill, wait_for_token_s
 from leasekeeper_server.core.model import (
     LIST_SCAN_BUDGET,
     ZERO,
+    Checkpoint,
+    CheckpointWrite,
     ClaimOutcome,
+    HistoryEntry,
     Lease,
     LeaseRef,
     LossReason,
     TaskKey,
     TaskState,
+    checkpoint_from_row,
+    history_from_row,
     lease_from_row,
     owner_loss,
 )
@@ -260,6 +268,12 @@ class Store:
         async with self._connection() as conn:
             return list(await conn.fetch(self._sql[name], *args))
 
+    async def execute_count(self, name: str, *args: Any) -> int:
+        """Runs a named statement that returns no rows; the number of rows it wrote."""
+        async with self._connection() as conn:
+            status = await conn.execute(self._sql[name], *args)
+        return int(status.rsplit(" ", 1)[-1])
+
     async def ping(self) -> None:
         """Checks the database can run the statements that decide calls, writes included.
 
@@ -322,6 +336,7 @@ class Store:
         request_id: str | None = None,
         limits: NamespaceLimits = NO_LIMITS,
         take_token: bool = True,
+        max_attempts: int | None = None,
     ) -> ClaimOutcome:
         """Claims a task; atomic, decided on the database clock.
 
@@ -336,6 +351,9 @@ class Store:
                 lock the namespace's limits row and decide in one transaction.
             take_token: False for a claim that already took its rate token
                 (the retries of a waiting Claim).
+            max_attempts: the grant's attempt limit (None: none); the task is
+                QUARANTINED when a lease of this grant ends without a release
+                and that uses up the limit.
 
         Returns:
             acquired=True with a new lease (fence + 1) for a new, FREE or
@@ -346,9 +364,11 @@ class Store:
             acquired=False with the holder's lease and ``retry_after`` when
             another owner (or another incarnation of this one, granted after
             this claim was decided) holds it, or it is in its lock delay.
+            When acquired, the outcome carries the task's checkpoint.
 
         Raises:
-            TaskCompleted: the task is COMPLETED (FAILED_PRECONDITION).
+            TaskNotClaimable: the task is COMPLETED, CANCELLED, FAILED or
+                QUARANTINED (FAILED_PRECONDITION, the reason names which).
             LeaseLimit: the namespace holds max_leases live leases
                 (RESOURCE_EXHAUSTED; nothing changed).
             ClaimRateLimit: the namespace's claim bucket is empty
@@ -357,7 +377,7 @@ class Store:
         """
         delay = limits.lock_delay
         params = ClaimParams(
-            key.namespace, key.task_id, owner_id, ttl, max_runtime, request_id, delay
+            key.namespace, key.task_id, owner_id, ttl, max_runtime, request_id, delay, max_attempts
         )
         # Claims in namespaces without a lease or rate limit arriving together
         # share one statement (``claim``, batched); limited ones run in a transaction each.
@@ -379,16 +399,16 @@ class Store:
             sent = row is not NOT_SENT
             tries += sent
             if row is not None and sent:
-                return ClaimOutcome(True, lease_from_row(row))
+                return ClaimOutcome(True, lease_from_row(row), checkpoint=checkpoint_from_row(row))
             lease = await self.get_lease(key)
             if lease is None:
                 continue
             state = lease.state
-            if state is TaskState.COMPLETED:
-                raise TaskCompleted(lease.fence)
+            if lease.unclaimable is not None:
+                raise TaskNotClaimable.of(lease)
             if state is TaskState.HELD:
-                if lease.is_claim_of(owner_id, request_id):
-                    return ClaimOutcome(True, lease)
+                if lease.is_claim_of(owner_id, request_id):  # a retry: its lease, its checkpoint
+                    return ClaimOutcome(True, lease, checkpoint=await self.get_checkpoint(key))
                 if not sent and lease.owner_id == owner_id:
                     continue  # another incarnation of this owner: this claim supersedes it
                 return ClaimOutcome(False, lease, lease.remaining_ttl + delay)
@@ -443,45 +463,158 @@ class Store:
                     )
             return row
 
-    async def renew(self, ref: LeaseRef, ttl: timedelta) -> Lease:
-        """Extends a live lease to least(db clock + ttl, runtime deadline).
+    async def renew(
+        self, ref: LeaseRef, ttl: timedelta | None, checkpoint: CheckpointWrite | None = None
+    ) -> Lease:
+        """Extends a live lease to least(db clock + ttl, runtime deadline), saving a checkpoint.
 
         Atomic; never revives an expired lease. Renewals arriving together
-        (heartbeat beats, Renew calls) share one statement (``renew``, batched).
+        (heartbeat beats, Renew calls, checkpoint writes) share one statement
+        (``renew``, batched).
+
+        Args:
+            ref: the lease.
+            ttl: the new remaining time; None: not renewed (the checkpoint only).
+            checkpoint: stored in the same statement when its version is
+                higher than the stored one; the returned lease's
+                ``checkpoint_version`` says what is stored.
 
         Raises:
             LeaseLost: (ABORTED) with the reason the lease is not live.
             DatabaseUnavailable: UNAVAILABLE.
         """
-        params = RenewParams(ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, ttl)
-        row = await self._renewals.submit(params)
-        if row is RUN_ALONE:
-            row = await self.alone(self._renewals, params)
-        assert not isinstance(row, Unsent)  # only claims are left unsent
+        row = await self._renew_row(ref, ttl, checkpoint)
         if row is not None:
             return lease_from_row(row)
         raise await self._loss(ref)
 
-    async def release(self, ref: LeaseRef, complete: bool) -> Lease:
-        """Releases the lease (FREE), or completes the task; keeps the fence.
+    async def _renew_row(
+        self,
+        ref: LeaseRef,
+        ttl: timedelta | None,
+        checkpoint: CheckpointWrite | None,
+        conn: asyncpg.Connection | None = None,
+    ) -> asyncpg.Record | None:
+        """The row statement ``renew`` returned for one renewal (None: no live lease).
 
-        Idempotent: a release already made by this owner with this fence
-        answers with the task as it is.
+        Batched with the renewals arriving together, or on ``conn`` (a
+        transaction's connection) alone.
+        """
+        params = RenewParams(ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, ttl)
+        if checkpoint is not None:
+            params = dataclasses.replace(
+                params,
+                checkpoint_version=checkpoint.version,
+                checkpoint_data=checkpoint.data,
+                checkpoint_content_type=checkpoint.content_type,
+            )
+        if conn is not None:
+            rows = await conn.fetch(self._renewals.sql, *self._renewals.arrays([params]))
+            return rows[0] if rows else None
+        row = await self._renewals.submit(params)
+        if row is RUN_ALONE:
+            row = await self.alone(self._renewals, params)
+        assert not isinstance(row, Unsent)  # only claims are left unsent
+        return row
+
+    async def save_checkpoint(
+        self, ref: LeaseRef, checkpoint: CheckpointWrite, conn: asyncpg.Connection | None = None
+    ) -> tuple[Checkpoint, Lease]:
+        """Stores the task's checkpoint under a live lease, without renewing it.
+
+        One statement (``renew`` with no ttl), decided on the database clock.
+        Idempotent: the stored version written again by the same fence with
+        the same data and content type answers with it. ``conn``: within that
+        transaction (``EffectLedger.complete_and_save``).
+
+        Returns:
+            The stored checkpoint and the task after the write.
+
+        Raises:
+            LeaseLost: (ABORTED) the lease is not live; nothing stored.
+            CheckpointNotNewer: (FAILED_PRECONDITION) the version does not move
+                forward; nothing stored.
+            DatabaseUnavailable: UNAVAILABLE.
+        """
+        row = await self._renew_row(ref, None, checkpoint, conn)
+        if row is None:
+            raise await self._loss(ref)
+        lease = lease_from_row(row)
+        if row["checkpoint_saved"]:
+            written = Checkpoint(
+                checkpoint.version,
+                checkpoint.data,
+                checkpoint.content_type,
+                ref.fence,
+                row["checkpoint_time"],
+            )
+            return written, lease
+        if lease.checkpoint_version == checkpoint.version:  # a retry of this very write?
+            stored = await self.get_checkpoint(ref.key)
+            if stored is not None and (stored.fence, stored.data, stored.content_type) == (
+                ref.fence,
+                checkpoint.data,
+                checkpoint.content_type,
+            ):
+                return stored, lease
+        raise CheckpointNotNewer(checkpoint.version, lease.checkpoint_version or 0)
+
+    async def get_checkpoint(self, key: TaskKey) -> Checkpoint | None:
+        """The task's checkpoint with its data; None when none was saved (or never claimed)."""
+        row = await self._fetchrow("get_checkpoint", key.namespace, key.task_id)
+        return checkpoint_from_row(row) if row is not None else None
+
+    async def release(
+        self, ref: LeaseRef, complete: bool, fail: bool = False, fail_reason: str = ""
+    ) -> Lease:
+        """Releases the lease (FREE), or ends the task COMPLETED or FAILED; keeps the fence.
+
+        Args:
+            ref: the lease: its task, owner and fence.
+            complete: the task becomes COMPLETED (terminal).
+            fail: the run ended as failed: FAILED (terminal). Not together
+                with ``complete``.
+            fail_reason: why it failed (recorded; may be empty).
+
+        Idempotent: a release (completion, failure) already made by this owner
+        with this fence answers with the task as it is.
 
         Raises:
             LeaseLost: (ABORTED) LEASE_SUPERSEDED, NOT_OWNER, LEASE_REVOKED,
-                FENCE_UNKNOWN.
+                FENCE_UNKNOWN, TASK_CANCELLED, and TASK_COMPLETED or
+                TASK_FAILED when the task ended otherwise.
             DatabaseUnavailable: UNAVAILABLE.
         """
         row = await self._fetchrow(
-            "release", ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, complete
+            "release",
+            ref.key.namespace,
+            ref.key.task_id,
+            ref.owner_id,
+            ref.fence,
+            complete,
+            fail,
+            fail_reason,
         )
         if row is not None:
             return lease_from_row(row)
         lease = await self.get_lease(ref.key)
         reason = owner_loss(lease, ref.owner_id, ref.fence)
-        if lease is not None and reason in (LossReason.LEASE_RELEASED, LossReason.TASK_COMPLETED):
-            if lease.fence == ref.fence and lease.owner_id == ref.owner_id:
+        ended = (LossReason.LEASE_RELEASED, LossReason.TASK_COMPLETED, LossReason.TASK_FAILED)
+        if (
+            lease is not None
+            and reason in ended
+            and (lease.fence, lease.owner_id) == (ref.fence, ref.owner_id)
+        ):
+            asked = (
+                LossReason.TASK_COMPLETED
+                if complete
+                else LossReason.TASK_FAILED
+                if fail
+                else LossReason.LEASE_RELEASED
+            )
+            # Done already by this fence: the same ending again, or a plain
+            # release after the task ended (it stays ended).
+            if reason is asked or asked is LossReason.LEASE_RELEASED:
                 return lease
         raise LeaseLost.of(lease, reason or LossReason.LEASE_SUPERSEDED)
 
@@ -552,9 +685,65 @@ class Store:
             raise TaskNotFound(
                 f"task {key.task_id!r} in namespace {key.namespace!r} was never claimed"
             )
-        if lease.state is TaskState.COMPLETED:
-            raise TaskCompleted(lease.fence)
+        if lease.state in (TaskState.COMPLETED, TaskState.CANCELLED, TaskState.FAILED):
+            raise TaskNotClaimable.of(lease)
         return False, lease
+
+    async def cancel(self, key: TaskKey, reason: str) -> Lease:
+        """Cancels the task (an operator's call): CANCELLED, terminal; its lease ends now.
+
+        Idempotent: a cancelled task answers as it is.
+
+        Raises:
+            TaskNotFound: the task was never claimed (NOT_FOUND).
+            TaskNotClaimable: the task is COMPLETED or FAILED (FAILED_PRECONDITION).
+            DatabaseUnavailable: UNAVAILABLE.
+        """
+        row = await self._fetchrow("cancel", key.namespace, key.task_id, reason)
+        if row is not None:
+            return lease_from_row(row)
+        lease = await self._existing(key)
+        if lease.state is not TaskState.CANCELLED:
+            raise TaskNotClaimable.of(lease)
+        return lease
+
+    async def retry(self, key: TaskKey, reason: str) -> Lease:
+        """Puts a QUARANTINED task back (an operator's call): FREE, attempts 0.
+
+        Raises:
+            TaskNotFound: the task was never claimed (NOT_FOUND).
+            TaskNotQuarantined: the task is not QUARANTINED (FAILED_PRECONDITION).
+            DatabaseUnavailable: UNAVAILABLE.
+        """
+        row = await self._fetchrow("retry", key.namespace, key.task_id, reason)
+        if row is not None:
+            return lease_from_row(row)
+        raise TaskNotQuarantined((await self._existing(key)).state.value)
+
+    async def _existing(self, key: TaskKey) -> Lease:
+        lease = await self.get_lease(key)
+        if lease is None:
+            raise TaskNotFound(
+                f"task {key.task_id!r} in namespace {key.namespace!r} was never claimed"
+            )
+        return lease
+
+    async def record_refusal(self, key: TaskKey, fence: int, loss: LossReason, method: str) -> None:
+        """Writes a FENCE_REFUSED entry to the task's history (nothing for a task never claimed).
+
+        Raises:
+            DatabaseUnavailable: UNAVAILABLE.
+        """
+        await self.execute_count(
+            "record_refusal", key.namespace, key.task_id, fence, loss.value, method
+        )
+
+    async def list_history(
+        self, key: TaskKey, after_sequence: int, limit: int
+    ) -> list[HistoryEntry]:
+        """Up to ``limit`` entries of the task's history after ``after_sequence``, oldest first."""
+        rows = await self.fetch("list_history", key.namespace, key.task_id, after_sequence, limit)
+        return [history_from_row(r) for r in rows]
 
     async def load_limits(self) -> dict[str, NamespaceLimits]:
         """Every namespace's limits (see limits.py)."""
@@ -565,6 +754,7 @@ class Store:
                 claims_per_second=r["claims_per_second"],
                 burst=r["burst"],
                 lock_delay=r["lock_delay"] or ZERO,
+                max_attempts=r["max_attempts"],
             )
             for r in rows
         }

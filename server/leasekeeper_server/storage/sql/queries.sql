@@ -17,6 +17,12 @@
 -- Every statement returns clock_timestamp() AS db_now, the instant the answer
 -- describes; remaining ttls are expire_time - db_now.
 
+-- fragment: attempt_used_up
+-- Whether the ending of the row aliased t's lease uses up its task's last
+-- attempt (migrations/0008_runs.sql): the task is then QUARANTINED. The one
+-- rule; core/model.py applies the same to a row.
+(t.max_attempts IS NOT NULL AND t.attempts + 1 >= t.max_attempts)
+
 -- fragment: lease_is_live
 -- Whether the row aliased t holds a live lease at instant @now (by default
 -- clock_timestamp(); a statement that read the clock once passes its reading):
@@ -28,7 +34,14 @@
 -- A lease as every statement returns it (storage/store.py lease_from_row), from
 -- the row aliased t; statements add clock_timestamp() AS db_now after it.
 t.namespace, t.task_id, t.owner_id, t.fence, t.state, t.expire_time, t.runtime_deadline,
-t.claim_time, t.end_reason, t.claim_request_id, t.revoke_reason
+t.claim_time, t.end_reason, t.claim_request_id, t.revoke_reason, t.attempts, t.max_attempts,
+t.state_reason, t.checkpoint_version, octet_length(t.checkpoint_data) AS checkpoint_size
+
+-- fragment: checkpoint_columns
+-- The task's checkpoint with its data (storage/store.py checkpoint_from_row),
+-- from the row aliased t; only where a checkpoint is handed out.
+t.checkpoint_version, t.checkpoint_data, t.checkpoint_content_type, t.checkpoint_fence,
+t.checkpoint_time
 
 -- name: claim
 -- Grants the lease of each claim of a batch (storage/statements.py ClaimParams;
@@ -53,36 +66,48 @@ t.claim_time, t.end_reason, t.claim_request_id, t.revoke_reason
 -- timeline 1, and above every fence of earlier timelines after a promotion,
 -- so grants lost in a failover to an asynchronous standby are never reissued.
 -- request_id: see migrations/0004_claim_request_id.sql.
+-- Attempts (migrations/0008_runs.sql): taking over an expired lease counts it
+-- (attempts + 1); an expired lease whose ending uses up the last attempt is
+-- not taken over (the task is QUARANTINED; nor are 'quarantined', 'cancelled',
+-- 'failed' and 'completed' rows claimable). The grant stores its claim's
+-- max_attempts (NULL: none). The checkpoint comes back with the grant.
 WITH p AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::interval[], $5::interval[],
-                         $6::text[], $7::interval[])
-        AS p(namespace, task_id, owner_id, ttl, max_runtime, request_id, lock_delay)
+                         $6::text[], $7::interval[], $8::integer[])
+        AS p(namespace, task_id, owner_id, ttl, max_runtime, request_id, lock_delay,
+             max_attempts)
 )
 INSERT INTO leasekeeper_tasks AS t
     (namespace, task_id, owner_id, fence, state,
-     expire_time, runtime_deadline, claim_time, update_time, end_reason, claim_request_id)
+     expire_time, runtime_deadline, claim_time, update_time, end_reason, claim_request_id,
+     max_attempts)
 SELECT p.namespace, p.task_id, p.owner_id, leasekeeper_fence_floor(), 'held',
        c.now + least(p.ttl, p.max_runtime), c.now + p.max_runtime,
-       c.now, c.now, NULL, p.request_id
+       c.now, c.now, NULL, p.request_id, p.max_attempts
 FROM p, (SELECT clock_timestamp() AS now) c
 ORDER BY p.namespace, p.task_id
 ON CONFLICT (namespace, task_id) DO UPDATE
 SET (owner_id, fence, state, expire_time, runtime_deadline, claim_time, update_time,
-     end_reason, claim_request_id, revoke_reason) =
+     end_reason, claim_request_id, revoke_reason, state_reason, attempts, max_attempts) =
     (SELECT EXCLUDED.owner_id, greatest(t.fence + 1, leasekeeper_fence_floor()), 'held',
             c.now + least(p.ttl, p.max_runtime), c.now + p.max_runtime,
-            c.now, c.now, NULL, EXCLUDED.claim_request_id, NULL
+            c.now, c.now, NULL, EXCLUDED.claim_request_id, NULL, NULL,
+            t.attempts + CASE WHEN t.state = 'held' AND NOT {{lease_is_live:c.now}}
+                              THEN 1 ELSE 0 END,
+            p.max_attempts
      FROM p, (SELECT clock_timestamp() AS now) c
      WHERE p.namespace = EXCLUDED.namespace AND p.task_id = EXCLUDED.task_id)
-WHERE t.state IN ('released', 'revoked')
+WHERE t.state IN ('released', 'revoked', 'retried')
    OR (t.state = 'held'
        AND NOT {{lease_is_live:clock_timestamp() - (SELECT p.lock_delay FROM p
                                                     WHERE p.namespace = EXCLUDED.namespace
-                                                      AND p.task_id = EXCLUDED.task_id)}})
+                                                      AND p.task_id = EXCLUDED.task_id)}}
+       AND NOT {{attempt_used_up}})
    OR (t.state = 'held' AND t.owner_id = EXCLUDED.owner_id
        AND EXCLUDED.claim_request_id IS NOT NULL
-       AND t.claim_request_id IS DISTINCT FROM EXCLUDED.claim_request_id)
-RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
+       AND t.claim_request_id IS DISTINCT FROM EXCLUDED.claim_request_id
+       AND ({{lease_is_live}} OR NOT {{attempt_used_up}}))
+RETURNING {{lease_columns}}, {{checkpoint_columns}}, clock_timestamp() AS db_now;
 
 -- name: renew
 -- The renewal of a batch of leases (storage/statements.py RenewParams; a
@@ -100,9 +125,17 @@ RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
 -- (namespace, task_id) order (no deadlock between batches). Returns one row
 -- per renewed lease; a renewal without a row found no live lease of its owner
 -- and fence.
+-- Checkpoints (migrations/0008_runs.sql) are written by this statement too,
+-- so a beat can carry one and a checkpoint obeys the renewal's rule of
+-- ownership: an element with a checkpoint_version stores its checkpoint when
+-- the version is higher than the stored one (otherwise the stored one stays,
+-- and the returned checkpoint_version says so); an element with a NULL ttl
+-- writes its checkpoint without renewing (SaveCheckpoint).
 WITH p AS MATERIALIZED (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::interval[])
-        AS p(namespace, task_id, owner_id, fence, ttl)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::interval[],
+                         $6::bigint[], $7::bytea[], $8::text[])
+        AS p(namespace, task_id, owner_id, fence, ttl, checkpoint_version, checkpoint_data,
+             checkpoint_content_type)
 )
 INSERT INTO leasekeeper_tasks AS t
     (namespace, task_id, owner_id, fence, state,
@@ -114,28 +147,43 @@ WHERE EXISTS (SELECT 1 FROM leasekeeper_tasks x
               WHERE x.namespace = p.namespace AND x.task_id = p.task_id)
 ORDER BY p.namespace, p.task_id
 ON CONFLICT (namespace, task_id) DO UPDATE
-SET expire_time = least(clock_timestamp() + (SELECT p.ttl FROM p
-                                             WHERE p.namespace = EXCLUDED.namespace
-                                               AND p.task_id = EXCLUDED.task_id),
-                        t.runtime_deadline),
-    update_time = clock_timestamp()
+SET (expire_time, update_time, checkpoint_version, checkpoint_data, checkpoint_content_type,
+     checkpoint_fence, checkpoint_time) =
+    (SELECT CASE WHEN p.ttl IS NULL THEN t.expire_time  -- least() would skip the NULL
+                 ELSE least(c.now + p.ttl, t.runtime_deadline) END,
+            c.now,
+            CASE WHEN w.save THEN p.checkpoint_version ELSE t.checkpoint_version END,
+            CASE WHEN w.save THEN p.checkpoint_data ELSE t.checkpoint_data END,
+            CASE WHEN w.save THEN p.checkpoint_content_type ELSE t.checkpoint_content_type END,
+            CASE WHEN w.save THEN t.fence ELSE t.checkpoint_fence END,
+            CASE WHEN w.save THEN c.now ELSE t.checkpoint_time END
+     FROM p, (SELECT clock_timestamp() AS now) c,
+          LATERAL (SELECT coalesce(p.checkpoint_version > t.checkpoint_version,
+                                   p.checkpoint_version IS NOT NULL) AS save) w
+     WHERE p.namespace = EXCLUDED.namespace AND p.task_id = EXCLUDED.task_id)
 WHERE t.owner_id = EXCLUDED.owner_id AND t.fence = EXCLUDED.fence
   AND {{lease_is_live}}
   AND t.runtime_deadline > clock_timestamp()
-RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
+RETURNING {{lease_columns}}, t.checkpoint_time,
+          t.checkpoint_time IS NOT DISTINCT FROM t.update_time AS checkpoint_saved,
+          clock_timestamp() AS db_now;
 
 -- name: release
 -- Ends the lease of this owner and fence, live or expired (the fence matching
--- proves no newer grant exists). $5 true completes the task; a released lease
--- of the same fence may still be completed by its owner.
+-- proves no newer grant exists). $5 true completes the task, $6 true ends it
+-- as failed ($7 the owner's reason); a released lease of the same fence may
+-- still be completed or failed by its owner.
 UPDATE leasekeeper_tasks AS t
-SET state = CASE WHEN $5::boolean THEN 'completed' ELSE 'released' END,
-    end_reason = CASE WHEN $5::boolean THEN 'TASK_COMPLETED' ELSE 'LEASE_RELEASED' END,
+SET state = CASE WHEN $5::boolean THEN 'completed' WHEN $6::boolean THEN 'failed'
+                 ELSE 'released' END,
+    end_reason = CASE WHEN $5::boolean THEN 'TASK_COMPLETED' WHEN $6::boolean THEN 'TASK_FAILED'
+                      ELSE 'LEASE_RELEASED' END,
+    state_reason = CASE WHEN $6::boolean THEN $7::text ELSE t.state_reason END,
     expire_time = least(t.expire_time, clock_timestamp()),
     update_time = clock_timestamp()
 WHERE t.namespace = $1::text AND t.task_id = $2::text
   AND t.owner_id = $3::text AND t.fence = $4::bigint
-  AND (t.state = 'held' OR ($5::boolean AND t.state = 'released'))
+  AND (t.state = 'held' OR (($5::boolean OR $6::boolean) AND t.state = 'released'))
 RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
 
 -- name: get_leases
@@ -189,13 +237,22 @@ LIMIT $3::int;
 -- is read by the outer query only after the CTE has returned the locked row
 -- (in its newest version, if a committed update was waited for).
 WITH t AS MATERIALIZED (
-    SELECT namespace, task_id, owner_id, fence, state, expire_time,
-           runtime_deadline, claim_time, end_reason, claim_request_id
-    FROM leasekeeper_tasks
+    SELECT * FROM leasekeeper_tasks
     WHERE namespace = $1::text AND task_id = $2::text
     FOR SHARE
 )
-SELECT t.*, clock_timestamp() AS db_now FROM t;
+SELECT {{lease_columns}}, clock_timestamp() AS db_now FROM t;
+
+-- name: lock_lease_exclusive
+-- As lock_lease, with an exclusive lock: for a transaction that then writes
+-- the row (CompleteEffect with a next checkpoint), so two such transactions
+-- never both hold a share lock and wait for each other to upgrade it.
+WITH t AS MATERIALIZED (
+    SELECT * FROM leasekeeper_tasks
+    WHERE namespace = $1::text AND task_id = $2::text
+    FOR UPDATE
+)
+SELECT {{lease_columns}}, clock_timestamp() AS db_now FROM t;
 
 -- name: insert_effect
 -- The first reservation of an effect; no row when the key already has one
@@ -235,10 +292,12 @@ RETURNING *, (SELECT {{lease_is_live}}
                 WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
 
 -- name: complete_effect
--- Records the outcome $5 ('succeeded' or 'failed') over a locked record, by fence $4.
+-- Records the outcome $5 ('succeeded' or 'failed') over a locked record, by
+-- fence $4, with the outside system's operation id $8.
 UPDATE leasekeeper_effects
 SET state = $5::text, retryable = $6::boolean, result = $7::bytea,
-    complete_fence = $4::bigint, complete_time = clock_timestamp()
+    complete_fence = $4::bigint, complete_time = clock_timestamp(),
+    external_operation_id = $8::text
 WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
 RETURNING *, (SELECT {{lease_is_live}}
                 FROM leasekeeper_tasks t
@@ -258,8 +317,12 @@ LIMIT $4::int;
 -- it has ($4 = 0) or only fence $4; $3 the reason. The task becomes FREE
 -- (state 'revoked', claimable at once: no lock delay) and keeps its fence, so
 -- the next claim gets fence + 1. No row when the task has no such lease.
+-- The revoked grant counts as an attempt (migrations/0008_runs.sql); when it
+-- was the last one the task becomes QUARANTINED instead of FREE.
 UPDATE leasekeeper_tasks AS t
-SET state = 'revoked', end_reason = 'LEASE_REVOKED', revoke_reason = $3::text,
+SET state = CASE WHEN {{attempt_used_up}} THEN 'quarantined' ELSE 'revoked' END,
+    attempts = t.attempts + 1,
+    end_reason = 'LEASE_REVOKED', revoke_reason = $3::text,
     expire_time = least(t.expire_time, clock_timestamp()),
     update_time = clock_timestamp()
 WHERE t.namespace = $1::text AND t.task_id = $2::text AND t.state = 'held'
@@ -303,7 +366,8 @@ FROM (
 -- name: load_limits
 -- Every namespace's limits, for the servers' cache.
 SELECT namespace, max_leases, claims_per_second,
-       coalesce(claim_burst, greatest(1.0, claims_per_second)) AS burst, lock_delay
+       coalesce(claim_burst, greatest(1.0, claims_per_second)) AS burst, lock_delay,
+       max_attempts
 FROM leasekeeper_namespace_limits;
 
 -- name: sweep_expired
@@ -317,8 +381,19 @@ FROM leasekeeper_namespace_limits;
 -- into a scan of the table). A row a concurrent transaction changed after
 -- this statement's snapshot is locked in its new version, which this UPDATE
 -- cannot see: it is left for the next sweep.
+-- An expiry that uses up the task's last attempt also stores the quarantine
+-- (state 'quarantined', attempts + 1; migrations/0008_runs.sql), so it is
+-- announced and lasts.
 UPDATE leasekeeper_tasks AS t
-SET expiry_announced_fence = t.fence
+SET expiry_announced_fence = t.fence,
+    (state, attempts, end_reason, update_time) =
+        (SELECT CASE WHEN q.used_up THEN 'quarantined' ELSE t.state END,
+                t.attempts + CASE WHEN q.used_up THEN 1 ELSE 0 END,
+                CASE WHEN NOT q.used_up THEN t.end_reason
+                     WHEN t.expire_time >= t.runtime_deadline THEN 'RUNTIME_EXCEEDED'
+                     ELSE 'LEASE_EXPIRED' END,
+                CASE WHEN q.used_up THEN clock_timestamp() ELSE t.update_time END
+         FROM (SELECT {{attempt_used_up}} AS used_up) q)
 WHERE t.ctid = ANY (ARRAY(
     SELECT t.ctid FROM leasekeeper_tasks t
     WHERE t.state = 'held' AND t.expiry_announced_fence IS DISTINCT FROM t.fence
@@ -326,7 +401,8 @@ WHERE t.ctid = ANY (ARRAY(
     ORDER BY t.namespace, t.task_id
     LIMIT $1::int
     FOR UPDATE SKIP LOCKED))
-RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.expire_time;
+RETURNING t.namespace, t.task_id, t.owner_id, t.fence, t.expire_time,
+          t.state = 'quarantined' AS quarantined;
 
 -- name: held_by_namespace
 -- Live leases per namespace (for the leases_held gauge), from the index of
@@ -361,3 +437,102 @@ WITH tasks AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM tasks) + (SELECT count(*) FROM effects) AS changed;
+
+-- name: get_checkpoint
+-- The task's checkpoint with its data (GetLease); no row when never claimed.
+SELECT {{checkpoint_columns}}
+FROM leasekeeper_tasks t
+WHERE t.namespace = $1::text AND t.task_id = $2::text;
+
+-- name: cancel
+-- An operator cancels the task ($3 the reason): CANCELLED, terminal; its lease
+-- (live or not) ends now, its checkpoint stays. No row when the task is
+-- already ended (completed, failed, cancelled) or was never claimed.
+UPDATE leasekeeper_tasks AS t
+SET state = 'cancelled', end_reason = 'TASK_CANCELLED', state_reason = $3::text,
+    expire_time = least(t.expire_time, clock_timestamp()),
+    update_time = clock_timestamp()
+WHERE t.namespace = $1::text AND t.task_id = $2::text
+  AND t.state NOT IN ('completed', 'failed', 'cancelled')
+RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
+
+-- name: retry
+-- An operator puts a quarantined task back ($3 the reason): FREE (state
+-- 'retried'), attempts 0; the fence is kept, so the next claim gets a higher
+-- one. Quarantined is a stored 'quarantined' row, or an expired lease whose
+-- ending used up the last attempt and the sweeper has not reached yet (its
+-- expiry is announced by the trigger as the row changes). No row otherwise.
+UPDATE leasekeeper_tasks AS t
+SET state = 'retried', attempts = 0, state_reason = $3::text,
+    end_reason = CASE WHEN t.state <> 'held' THEN t.end_reason
+                      WHEN t.expire_time >= t.runtime_deadline THEN 'RUNTIME_EXCEEDED'
+                      ELSE 'LEASE_EXPIRED' END,
+    update_time = clock_timestamp()
+WHERE t.namespace = $1::text AND t.task_id = $2::text
+  AND (t.state = 'quarantined'
+       OR (t.state = 'held' AND NOT {{lease_is_live}} AND {{attempt_used_up}}))
+RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
+
+-- name: record_refusal
+-- A history entry for a fence refused at ValidateFence or BeginEffect ($5 the
+-- method): fence $3, its LossReason name $4. Only for a task that exists (a
+-- never-claimed task has no history), with the owner when $3 is the current
+-- fence.
+INSERT INTO leasekeeper_task_history
+    (namespace, task_id, event_time, kind, fence, owner_id, reason, method)
+SELECT t.namespace, t.task_id, clock_timestamp(), 'fence_refused', $3::bigint,
+       CASE WHEN t.fence = $3::bigint THEN t.owner_id ELSE '' END, $4::text, $5::text
+FROM leasekeeper_tasks t
+WHERE t.namespace = $1::text AND t.task_id = $2::text;
+
+-- name: list_history
+-- One page of a task's history after sequence $3 (keyset), oldest first.
+SELECT * FROM leasekeeper_task_history
+WHERE namespace = $1::text AND task_id = $2::text AND sequence > $3::bigint
+ORDER BY sequence
+LIMIT $4::int;
+
+-- name: prune_history_age
+-- Deletes up to $2 history entries older than $1 (by event_time, through its
+-- index: the cost follows the entries pruned).
+DELETE FROM leasekeeper_task_history
+WHERE sequence = ANY (ARRAY(
+    SELECT sequence FROM leasekeeper_task_history
+    WHERE event_time < clock_timestamp() - $1::interval
+    ORDER BY event_time
+    LIMIT $2::int));
+
+-- name: prune_history_count
+-- Keeps at most $1 entries per task, for the tasks of the next $2 entries
+-- after the pruner's watermark (entries past it have not been checked), and
+-- moves the watermark past them. The watermark row is locked SKIP LOCKED: a
+-- second server finds it taken and prunes nothing. Cost: the new entries
+-- read, and per task named by them at most $1 + its excess entries. An entry
+-- that commits after the watermark passed its sequence is counted when its
+-- task is next written (and pruned by age in any case).
+WITH w AS MATERIALIZED (
+    SELECT watermark FROM leasekeeper_history_pruning FOR UPDATE SKIP LOCKED
+), fresh AS MATERIALIZED (
+    SELECT h.sequence, h.namespace, h.task_id
+    FROM leasekeeper_task_history h, w
+    WHERE h.sequence > w.watermark
+    ORDER BY h.sequence
+    LIMIT $2::int
+), doomed AS (
+    SELECT x.sequence
+    FROM (SELECT DISTINCT namespace, task_id FROM fresh) k,
+         LATERAL (SELECT h.sequence FROM leasekeeper_task_history h
+                  WHERE h.namespace = k.namespace AND h.task_id = k.task_id
+                  ORDER BY h.sequence DESC
+                  OFFSET $1::int) x
+), pruned AS (
+    DELETE FROM leasekeeper_task_history
+    WHERE sequence IN (SELECT sequence FROM doomed)
+    RETURNING 1
+), moved AS (
+    UPDATE leasekeeper_history_pruning
+    SET watermark = (SELECT max(sequence) FROM fresh)
+    WHERE EXISTS (SELECT 1 FROM fresh)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM pruned) AS pruned, (SELECT count(*) FROM fresh) AS checked;
