@@ -13,8 +13,8 @@
 --   cancelled    CANCELLED (terminal)
 --
 -- attempts counts the grants that ended without a release and were recorded
--- as ended: a claim over a 'held' row (an expired lease, or a live one of a
--- new incarnation of its owner) adds 1, a revoke adds 1, the sweeper adds 1
+-- as ended: a claim that takes over an expired lease adds 1 (a new incarnation
+-- of the owner superseding a live lease does not), a revoke adds 1, the sweeper adds 1
 -- when the lease it announces expired uses up the last attempt (and stores
 -- 'quarantined'). An expired lease not yet taken over is counted when read
 -- (core/model.py Lease.attempts). Retry sets it to 0.

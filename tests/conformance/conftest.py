@@ -14,6 +14,8 @@ no answer depends on the machine's speed. :meth:`World.run_out` lets real
 time pass instead, for a lease with a short ttl. The database clock still runs
 between statements, so expectations about the clock hold within ``SLACK``;
 durations are minutes, so that slack never changes a decision.
+:meth:`World.sweep` does what the expiry sweeper does (SQL ``sweep_expired``;
+the memory store's ``announce_expiries``).
 """
 
 from __future__ import annotations
@@ -28,12 +30,20 @@ import asyncpg
 import pytest
 
 from leasekeeper_server.core.limits import NO_LIMITS, NamespaceLimits
-from leasekeeper_server.core.model import ClaimOutcome, Lease, LeaseRef, TaskKey, TaskState
+from leasekeeper_server.core.model import (
+    ClaimOutcome,
+    HistoryEntry,
+    Lease,
+    LeaseRef,
+    TaskKey,
+    TaskState,
+)
 from leasekeeper_server.storage.events import LeaseEvents
 from leasekeeper_server.storage.ledger import EffectLedger
 from leasekeeper_server.storage.memory import ManualClock, MemoryLedger, MemoryStore
 from leasekeeper_server.storage.protocol import ChangeFeed, EffectStore, LeaseStore
 from leasekeeper_server.storage.store import Store
+from leasekeeper_server.storage.sweeper import SWEEP_BATCH
 from tests.conftest import make_settings
 from tests.helpers import STEP_S, poll
 
@@ -60,6 +70,7 @@ class World:
     namespace: str
     _advance: Callable[[timedelta], Awaitable[None]]
     _set_limits: Callable[[NamespaceLimits], Awaitable[None]]
+    _sweep: Callable[[], Awaitable[None]]
 
     def key(self, task_id: str = "t") -> TaskKey:
         """A task of this world's namespace."""
@@ -78,10 +89,12 @@ class World:
         await self._advance(by)
 
     async def run_out(self, task_id: str = "t") -> Lease:
-        """Waits for the task's lease to expire as time really passes; returns it EXPIRED.
+        """Waits for the task's lease to expire as time really passes; returns it ended.
 
         The memory clock jumps to the expiry; PostgreSQL's clock is waited
-        for, polling the task's state (give the lease a short ttl).
+        for, polling the task's state (give the lease a short ttl). The lease
+        comes back EXPIRED, or QUARANTINED when its ending used up the task's
+        last attempt.
         """
         if self.name == "memory":
             lease = await self.lease(task_id)
@@ -89,10 +102,21 @@ class World:
 
         async def expired() -> Lease | None:
             lease = await self.lease(task_id)
-            return lease if lease.state is TaskState.EXPIRED else None
+            return lease if lease.state in (TaskState.EXPIRED, TaskState.QUARANTINED) else None
 
         result: Lease = await poll(expired, f"the lease of {task_id!r} expires")
         return result
+
+    async def sweep(self) -> None:
+        """Announces every expiry not yet announced, as the expiry sweeper does.
+
+        An expiry that uses up its task's last attempt is stored as a quarantine.
+        """
+        await self._sweep()
+
+    async def history(self, task_id: str = "t") -> list[HistoryEntry]:
+        """The task's whole history, oldest first."""
+        return await self.store.list_history(self.key(task_id), 0, 1000)
 
     async def set_limits(self, limits: NamespaceLimits) -> None:
         """Writes the namespace's limits row (what ``leasekeeper limits set`` does)."""
@@ -107,10 +131,18 @@ class World:
         request_id: str | None = None,
         limits: NamespaceLimits = NO_LIMITS,
         take_token: bool = True,
+        max_attempts: int | None = None,
     ) -> ClaimOutcome:
         """A claim with the test's usual values."""
         return await self.store.claim(
-            self.key(task_id), owner_id, ttl, max_runtime, request_id, limits, take_token
+            self.key(task_id),
+            owner_id,
+            ttl,
+            max_runtime,
+            request_id,
+            limits,
+            take_token,
+            max_attempts,
         )
 
     async def lease(self, task_id: str = "t") -> Lease:
@@ -138,7 +170,12 @@ async def memory_world(namespace: str) -> AsyncIterator[World]:
     async def set_limits(limits: NamespaceLimits) -> None:
         store.set_limits(namespace, limits)
 
-    yield World("memory", store, MemoryLedger(store), store.events, namespace, advance, set_limits)
+    async def sweep() -> None:
+        store.announce_expiries()
+
+    yield World(
+        "memory", store, MemoryLedger(store), store.events, namespace, advance, set_limits, sweep
+    )
 
 
 @contextlib.asynccontextmanager
@@ -153,14 +190,16 @@ async def postgres_world(database_url: str, namespace: str) -> AsyncIterator[Wor
 
         async def advance(by: timedelta) -> None:
             # Moving every instant back by `by` is the clock moving on by `by`
-            # for these rows. The trigger announces nothing: no fence, state or
-            # owner changes. The effects' begin and complete times decide
-            # nothing and stay (as the memory store's records do).
+            # for these rows. The trigger announces nothing and writes no
+            # history: no fence, state, owner or checkpoint version changes.
+            # The effects' begin and complete times and the history's event
+            # times decide nothing and stay (as the memory store's do).
             async with admin.transaction():
                 await admin.execute(
                     "UPDATE leasekeeper_tasks SET claim_time = claim_time - $2::interval,"
                     " expire_time = expire_time - $2::interval,"
                     " runtime_deadline = runtime_deadline - $2::interval,"
+                    " checkpoint_time = checkpoint_time - $2::interval,"
                     " update_time = update_time - $2::interval WHERE namespace = $1",
                     namespace,
                     by,
@@ -186,7 +225,22 @@ async def postgres_world(database_url: str, namespace: str) -> AsyncIterator[Wor
                 limits.lock_delay,
             )
 
-        yield World("postgres", store, EffectLedger(store), events, namespace, advance, set_limits)
+        async def sweep() -> None:
+            # The sweeper's statement, in batches as the sweeper sends it
+            # (it marks every namespace's expiries: any sweeper would).
+            while len(await store.fetch("sweep_expired", SWEEP_BATCH)) == SWEEP_BATCH:
+                pass
+
+        yield World(
+            "postgres",
+            store,
+            EffectLedger(store),
+            events,
+            namespace,
+            advance,
+            set_limits,
+            sweep,
+        )
     finally:
         await admin.close()
         await events.stop()

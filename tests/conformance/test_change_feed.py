@@ -11,6 +11,7 @@ import asyncio
 from datetime import datetime
 from typing import Any
 
+from leasekeeper_server.core.model import CheckpointWrite
 from leasekeeper_server.storage.protocol import EventSubscription
 from tests.conformance.conftest import MINUTE, World
 from tests.helpers import STEP_S, poll
@@ -108,3 +109,69 @@ async def test_a_watcher_is_woken_by_each_change_of_its_task(world: World) -> No
         changed.clear()
         await world.store.revoke(key, "operator", 0)
         await asyncio.wait_for(changed.wait(), STEP_S)
+
+
+async def test_quarantine_retry_cancel_and_failure_are_announced(world: World) -> None:
+    seen: list[dict[str, Any]] = []
+    with world.events.subscribe(world.namespace, None) as sub:
+        first = await world.held(task_id="a", ttl=MINUTE, max_attempts=1)
+        await world.advance(2 * MINUTE)
+        await world.sweep()  # the only attempt ran out: quarantined
+        await world.store.retry(world.key("a"), "fixed")
+        second = await world.held(task_id="a", owner_id="w2")
+        await world.store.save_checkpoint(world.ref(second), CheckpointWrite(1, b"abcd", ""))
+        await world.store.cancel(world.key("a"), "not needed")
+        failing = await world.held(task_id="b")
+        await world.store.release(world.ref(failing), complete=False, fail=True, fail_reason="bad")
+        await world.held(task_id="c", max_attempts=1)
+        await world.store.revoke(world.key("c"), "stuck", 0)
+        await world.held(task_id="end")
+        await events_until(sub, "end", seen)
+    base = first.fence
+    assert [
+        (e["event"], e["task_id"], e["fence"] - base, e["state"], e["attempts"]) for e in seen
+    ] == [
+        ("claimed", "a", 0, "held", 0),
+        ("expired", "a", 0, "held", 0),
+        ("quarantined", "a", 0, "quarantined", 1),
+        ("retried", "a", 0, "retried", 0),
+        ("claimed", "a", 1, "held", 0),
+        ("cancelled", "a", 1, "cancelled", 0),
+        ("claimed", "b", seen[6]["fence"] - base, "held", 0),
+        ("failed", "b", seen[6]["fence"] - base, "failed", 0),
+        ("claimed", "c", seen[8]["fence"] - base, "held", 0),
+        # A revoke that quarantines is announced as both.
+        ("revoked", "c", seen[8]["fence"] - base, "quarantined", 1),
+        ("quarantined", "c", seen[8]["fence"] - base, "quarantined", 1),
+        ("claimed", "end", seen[-1]["fence"] - base, "held", 0),
+    ]
+    assert seen[0]["max_attempts"] == 1 and seen[4]["max_attempts"] is None
+    assert (seen[2]["end_reason"], seen[3]["state_reason"]) == ("LEASE_EXPIRED", "fixed")
+    cancelled = seen[5]
+    assert (cancelled["end_reason"], cancelled["state_reason"]) == ("TASK_CANCELLED", "not needed")
+    assert (cancelled["checkpoint_version"], cancelled["checkpoint_size"]) == (1, 4)
+    assert (seen[7]["end_reason"], seen[7]["state_reason"]) == ("TASK_FAILED", "bad")
+    assert (seen[9]["end_reason"], seen[9]["revoke_reason"]) == ("LEASE_REVOKED", "stuck")
+    assert seen[10]["end_reason"] == "LEASE_REVOKED"
+
+
+async def test_a_grant_after_an_ended_lease_says_when_it_ended(world: World) -> None:
+    """``previous_end``: the end of the lease a grant follows (None when it followed none)."""
+    seen: list[dict[str, Any]] = []
+    with world.events.subscribe(world.namespace, None) as sub:
+        first = await world.held(owner_id="w1", ttl=MINUTE, request_id="r1")
+        await world.advance(2 * MINUTE)
+        expired = await world.lease()
+        second = await world.held(owner_id="w2", request_id="r2")  # over the expired lease
+        await world.store.release(world.ref(second), complete=False)
+        released = await world.lease()
+        await world.held(owner_id="w2", request_id="r3")  # after a release
+        await world.held(owner_id="w2", request_id="r4")  # a new incarnation: nothing ended
+        await world.held(task_id="end")
+        await events_until(sub, "end", seen)
+    grants = [e for e in seen if e["event"] == "claimed" and e["task_id"] == "t"]
+    assert [g["fence"] - first.fence for g in grants] == [0, 1, 2, 3]
+    ends = [g["previous_end"] for g in grants]
+    assert ends[0] is None and ends[3] is None
+    assert datetime.fromisoformat(ends[1]) == expired.expire_time
+    assert datetime.fromisoformat(ends[2]) == released.expire_time

@@ -1,7 +1,8 @@
 """The effect ledger on both implementations: ``core/effect_rules.py`` behind the fence check.
 
 Begin and Complete under ONCE and LATEST, with the current fence, a stale
-one, a lease that ran out, and a replacement worker that reconciles.
+one, a lease that ran out, and a replacement worker that reconciles; an
+outcome recorded together with a checkpoint: both or neither.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from leasekeeper_server.core.effect_rules import (
     Outcome,
 )
 from leasekeeper_server.core.errors import (
+    CheckpointNotNewer,
     EffectAlreadyCompleted,
     EffectKeyReused,
     EffectNotBegun,
     LeaseLost,
 )
-from leasekeeper_server.core.model import Lease, LossReason
+from leasekeeper_server.core.model import CheckpointWrite, Lease, LossReason
 from tests.conformance.conftest import MINUTE, World
 
 ONCE, LATEST = EffectPolicy.ONCE, EffectPolicy.LATEST
@@ -232,3 +234,83 @@ async def test_list_effects_pages_by_key_and_filters_by_state(world: World) -> N
     failed = await world.ledger.list(task, "b", 10, EffectState.FAILED)
     assert [r.effect_key for r in failed] == ["d"]
     assert await world.ledger.list(world.key("other"), "", 10, None) == []
+
+
+# An outcome and a checkpoint together (EffectStore.complete_and_save)
+
+
+def progress(version: int, data: bytes = b"step") -> CheckpointWrite:
+    return CheckpointWrite(version, data, "application/octet-stream")
+
+
+async def test_complete_and_save_records_both(world: World) -> None:
+    lease = await world.held(ttl=10 * MINUTE)
+    await begin(world, lease)
+    outcome = Outcome(EffectState.SUCCEEDED, False, b"receipt", "op-42")
+    record, saved = await world.ledger.complete_and_save(
+        effect_key(world), lease.fence, outcome, world.ref(lease), progress(1)
+    )
+    assert (record.state, record.complete_fence, record.external_operation_id) == (
+        EffectState.SUCCEEDED,
+        lease.fence,
+        "op-42",
+    )
+    assert (saved.version, saved.data, saved.fence) == (1, b"step", lease.fence)
+    assert await world.store.get_checkpoint(world.key()) == saved
+    assert await world.ledger.list(world.key(), "", 10, None) == [record]
+    # Both repeated: the same record and the same checkpoint.
+    again = await world.ledger.complete_and_save(
+        effect_key(world), lease.fence, outcome, world.ref(lease), progress(1)
+    )
+    assert again == (record, saved)
+
+
+async def test_complete_and_save_refused_checkpoint_records_no_outcome(world: World) -> None:
+    lease = await world.held(ttl=10 * MINUTE)
+    stored, _ = await world.store.save_checkpoint(world.ref(lease), progress(5))
+    _, reserved = await begin(world, lease)
+    with pytest.raises(CheckpointNotNewer) as refused:
+        await world.ledger.complete_and_save(
+            effect_key(world), lease.fence, SUCCEEDED, world.ref(lease), progress(3)
+        )
+    assert refused.value.current_version == 5
+    assert await world.ledger.list(world.key(), "", 10, None) == [reserved]
+    assert await world.store.get_checkpoint(world.key()) == stored
+    # A checkpoint of another owner than the fence's: lost, and nothing recorded either.
+    with pytest.raises(LeaseLost) as lost:
+        await world.ledger.complete_and_save(
+            effect_key(world), lease.fence, SUCCEEDED, world.ref(lease, owner_id="w2"), progress(6)
+        )
+    assert lost.value.loss is LossReason.NOT_OWNER
+    assert await world.ledger.list(world.key(), "", 10, None) == [reserved]
+    assert [e.kind for e in await world.history()] == [
+        "granted",
+        "checkpoint_saved",
+        "effect_reserved",
+    ]
+    # A higher version: both.
+    record, saved = await world.ledger.complete_and_save(
+        effect_key(world), lease.fence, SUCCEEDED, world.ref(lease), progress(6)
+    )
+    assert record.state is EffectState.SUCCEEDED and saved.version == 6
+
+
+async def test_complete_and_save_refused_outcome_saves_no_checkpoint(world: World) -> None:
+    lease = await world.held(ttl=10 * MINUTE)
+    with pytest.raises(EffectNotBegun):
+        await world.ledger.complete_and_save(
+            effect_key(world, "never"), lease.fence, SUCCEEDED, world.ref(lease), progress(1)
+        )
+    await begin(world, lease)
+    await complete(world, lease)
+    with pytest.raises(EffectAlreadyCompleted):
+        await world.ledger.complete_and_save(
+            effect_key(world), lease.fence, FAILED_FOR_GOOD, world.ref(lease), progress(1)
+        )
+    await world.advance(11 * MINUTE)
+    with pytest.raises(LeaseLost) as expired:
+        await world.ledger.complete_and_save(
+            effect_key(world), lease.fence, SUCCEEDED, world.ref(lease), progress(1)
+        )
+    assert expired.value.loss is LossReason.LEASE_EXPIRED
+    assert await world.store.get_checkpoint(world.key()) is None

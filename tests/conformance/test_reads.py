@@ -98,3 +98,30 @@ async def test_a_rare_filter_stops_at_the_scan_budget_and_says_where(world: Worl
     assert [lease.task_id for lease in page] == [ids[-1]] and read_up_to == ids[-1]
     page, read_up_to = await world.store.list_leases(world.namespace, "", 1004, None, "rare")
     assert [lease.task_id for lease in page] == [ids[-1]] and read_up_to is None
+
+
+async def test_list_filters_by_the_run_states(world: World) -> None:
+    """QUARANTINED (derived or stored), CANCELLED and FAILED are listed as Lease.state judges."""
+    await world.held(task_id="derived", ttl=MINUTE, max_attempts=1)
+    await world.held(task_id="expired", ttl=MINUTE, max_attempts=2)
+    await world.held(task_id="revoked", max_attempts=1)
+    await world.store.revoke(world.key("revoked"), "stuck", 0)
+    await world.held(task_id="cancelled")
+    await world.store.cancel(world.key("cancelled"), "stop")
+    failed = await world.held(task_id="failed")
+    await world.store.release(world.ref(failed), complete=False, fail=True)
+    await world.held(task_id="retried", max_attempts=1)
+    await world.store.revoke(world.key("retried"), "stuck", 0)
+    await world.store.retry(world.key("retried"), "again")
+    await world.advance(2 * MINUTE)
+
+    async def listed(state: TaskState) -> list[str]:
+        leases, _ = await world.store.list_leases(world.namespace, "", 100, state)
+        assert all(lease.state is state for lease in leases)
+        return [lease.task_id for lease in leases]
+
+    assert await listed(TaskState.QUARANTINED) == ["derived", "revoked"]
+    assert await listed(TaskState.EXPIRED) == ["expired"]
+    assert await listed(TaskState.CANCELLED) == ["cancelled"]
+    assert await listed(TaskState.FAILED) == ["failed"]
+    assert await listed(TaskState.FREE) == ["retried"]

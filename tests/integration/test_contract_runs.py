@@ -505,3 +505,21 @@ async def test_expiry_announced_on_wait_for_state(stub, namespace, db):
     await wait_for_row_state(db, namespace, "t", "quarantined")
     lease = await wait_for_state(stub, namespace, "t", pb.TASK_STATE_QUARANTINED)
     assert (lease.attempts, lease.end_reason) == (1, pb.LOSS_REASON_LEASE_EXPIRED)
+
+
+async def test_an_expired_lease_that_used_up_the_last_attempt_stays_quarantined(
+    stub, namespace, db
+):
+    """Whether or not the sweeper has stored the quarantine yet: no release or revoke frees it."""
+    request = pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="a", max_attempts=1)
+    granted = (await stub.Claim(request)).lease
+    await db.execute(  # expired on the database clock; the sweeper may or may not come first
+        "UPDATE leasekeeper_tasks SET expire_time = clock_timestamp() - interval '1 second',"
+        " expiry_announced_fence = NULL WHERE namespace = $1 AND task_id = 't'",
+        namespace,
+    )
+    done = release(stub, namespace, "t", "a", granted.fence, complete=True)
+    await expect_error(done, ABORTED, "LEASE_EXPIRED")
+    revoked = await stub.Revoke(pb.RevokeRequest(namespace=namespace, task_id="t", reason="r"))
+    assert (revoked.revoked, revoked.lease.state) == (False, pb.TASK_STATE_QUARANTINED)
+    assert (await get_lease(stub, namespace, "t")).state == pb.TASK_STATE_QUARANTINED

@@ -172,7 +172,9 @@ RETURNING {{lease_columns}}, t.checkpoint_time,
 -- Ends the lease of this owner and fence, live or expired (the fence matching
 -- proves no newer grant exists). $5 true completes the task, $6 true ends it
 -- as failed ($7 the owner's reason); a released lease of the same fence may
--- still be completed or failed by its owner.
+-- still be completed or failed by its owner. An expired lease whose ending
+-- used up the task's last attempt is not released: the task is QUARANTINED
+-- (as it is once the sweeper stored it), the operator's to decide.
 UPDATE leasekeeper_tasks AS t
 SET state = CASE WHEN $5::boolean THEN 'completed' WHEN $6::boolean THEN 'failed'
                  ELSE 'released' END,
@@ -183,7 +185,8 @@ SET state = CASE WHEN $5::boolean THEN 'completed' WHEN $6::boolean THEN 'failed
     update_time = clock_timestamp()
 WHERE t.namespace = $1::text AND t.task_id = $2::text
   AND t.owner_id = $3::text AND t.fence = $4::bigint
-  AND (t.state = 'held' OR (($5::boolean OR $6::boolean) AND t.state = 'released'))
+  AND ((t.state = 'held' AND ({{lease_is_live}} OR NOT {{attempt_used_up}}))
+       OR (($5::boolean OR $6::boolean) AND t.state = 'released'))
 RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
 
 -- name: get_leases
@@ -214,9 +217,11 @@ FROM (
     SELECT t.*, c.db_now,
            ($5::text IS NULL OR t.owner_id = $5::text)
            AND ($4::text IS NULL OR $4::text = CASE
-                WHEN t.state = 'completed' THEN 'COMPLETED'
+                WHEN t.state IN ('completed', 'cancelled', 'failed', 'quarantined')
+                    THEN upper(t.state)
                 WHEN t.state <> 'held' THEN 'FREE'
                 WHEN {{lease_is_live:c.db_now}} THEN 'HELD'
+                WHEN {{attempt_used_up}} THEN 'QUARANTINED'
                 ELSE 'EXPIRED' END) AS matches,
            count(*) OVER () AS scanned,
            row_number() OVER (ORDER BY t.task_id) AS n
@@ -318,7 +323,9 @@ LIMIT $4::int;
 -- (state 'revoked', claimable at once: no lock delay) and keeps its fence, so
 -- the next claim gets fence + 1. No row when the task has no such lease.
 -- The revoked grant counts as an attempt (migrations/0008_runs.sql); when it
--- was the last one the task becomes QUARANTINED instead of FREE.
+-- was the last one the task becomes QUARANTINED instead of FREE. An expired
+-- lease whose ending used up the last attempt is already QUARANTINED (stored
+-- or not yet by the sweeper): not revoked.
 UPDATE leasekeeper_tasks AS t
 SET state = CASE WHEN {{attempt_used_up}} THEN 'quarantined' ELSE 'revoked' END,
     attempts = t.attempts + 1,
@@ -326,6 +333,7 @@ SET state = CASE WHEN {{attempt_used_up}} THEN 'quarantined' ELSE 'revoked' END,
     expire_time = least(t.expire_time, clock_timestamp()),
     update_time = clock_timestamp()
 WHERE t.namespace = $1::text AND t.task_id = $2::text AND t.state = 'held'
+  AND ({{lease_is_live}} OR NOT {{attempt_used_up}})
   AND ($4::bigint = 0 OR t.fence = $4::bigint)
 RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
 
