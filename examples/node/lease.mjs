@@ -12,6 +12,11 @@
 //     the worker must assume another owner may hold the task, even if the connection looks fine.
 // UNAVAILABLE (a server shutting down, a replica gone) is not a loss: the stream is opened again
 // with the same fence until the trust deadline.
+//
+// A task's checkpoint (its saved progress) comes back with the grant: claim() returns it, and a
+// worker resumes after it. saveCheckpoint() stores a newer one under the live lease; the server
+// refuses a version that does not move forward (CHECKPOINT_NOT_NEWER) and a fence that may no
+// longer act (ABORTED with the loss reason), so a stale worker cannot overwrite its successor's.
 import { randomUUID } from "node:crypto";
 import { EventEmitter } from "node:events";
 import { dirname, resolve } from "node:path";
@@ -89,10 +94,14 @@ function unary(client, method, request, token, timeoutS) {
  * @param {{namespace: string, taskId: string, ownerId: string, ttlS: number, waitS?: number,
  *   token?: string}} args ttlS: lease length in seconds; waitS: how long the server may wait
  *   for the task to become claimable (seconds, 0: answer at once).
- * @returns {Promise<{acquired: boolean, lease: object, sendTime: number, response: object}>}
- *   sendTime is performance.now() (milliseconds) when the claim was sent.
- * @throws A grpc-js ServiceError: FAILED_PRECONDITION (TASK_COMPLETED), INVALID_ARGUMENT,
- *   UNAVAILABLE, UNAUTHENTICATED, PERMISSION_DENIED.
+ * @returns {Promise<{acquired: boolean, lease: object, checkpoint: object | null,
+ *   sendTime: number, response: object}>} checkpoint: the task's Checkpoint ({version, data,
+ *   content_type, fence, write_time}; data a Buffer) when acquired and one was ever saved, read
+ *   with the grant: resume after it. sendTime is performance.now() (milliseconds) when the
+ *   claim was sent.
+ * @throws A grpc-js ServiceError: FAILED_PRECONDITION (TASK_COMPLETED, TASK_CANCELLED,
+ *   TASK_FAILED, TASK_QUARANTINED), INVALID_ARGUMENT, UNAVAILABLE, UNAUTHENTICATED,
+ *   PERMISSION_DENIED.
  */
 export async function claim(client, { namespace, taskId, ownerId, ttlS, waitS = 0, token }) {
   const request = {
@@ -105,7 +114,30 @@ export async function claim(client, { namespace, taskId, ownerId, ttlS, waitS = 
   if (waitS > 0) request.wait = duration(waitS);
   const sendTime = performance.now();
   const response = await unary(client, "Claim", request, token, CALL_TIMEOUT_S + waitS);
-  return { acquired: response.acquired, lease: response.lease, sendTime, response };
+  const { acquired, lease, checkpoint } = response;
+  return { acquired, lease, checkpoint: acquired ? checkpoint : null, sendTime, response };
+}
+
+/**
+ * Save the task's checkpoint under a live lease (SaveCheckpoint; does not renew the lease).
+ * Idempotent: the stored version sent again by the same fence with the same data answers OK.
+ *
+ * @param {object} client A leaseServiceClient.
+ * @param {object} lease The Lease the claim granted (its namespace, task, owner and fence).
+ * @param {{version: number, data: Buffer | string, contentType?: string}} checkpoint version:
+ *   >= 1 and higher than the stored one; data: at most the server's max_checkpoint_bytes
+ *   (256 KiB by default).
+ * @returns {Promise<object>} The stored Checkpoint (without its data), with its fence.
+ * @throws A grpc-js ServiceError: ABORTED with the loss reason (LEASE_SUPERSEDED, LEASE_EXPIRED,
+ *   TASK_CANCELLED, ...): nothing stored; FAILED_PRECONDITION CHECKPOINT_NOT_NEWER (ErrorInfo
+ *   metadata current_version): nothing stored; INVALID_ARGUMENT, UNAVAILABLE.
+ */
+export async function saveCheckpoint(client, lease, checkpoint, token) {
+  const { namespace, task_id, owner_id, fence } = lease;
+  const { version, data, contentType: content_type = "" } = checkpoint;
+  const request = { namespace, task_id, owner_id, fence };
+  request.checkpoint = { version: String(version), data: Buffer.from(data), content_type };
+  return (await unary(client, "SaveCheckpoint", request, token)).checkpoint;
 }
 
 /**

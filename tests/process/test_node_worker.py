@@ -3,9 +3,12 @@
 The proto is the contract for every language: the worker loads
 ``protos/leasekeeper/v1/lease_service.proto`` with ``@grpc/proto-loader`` and
 ``@grpc/grpc-js``, claims, heartbeats, sends its fence to the demo gateway
-(``examples/gateway.py``, a process), and after its lease is taken away sends
-once more with its old fence, which the gateway refuses. The lease service runs
-in the test's event loop; nothing waits with a fixed sleep.
+(``examples/gateway.py``, a process), runs steps with a checkpoint saved after
+each, and after its lease is taken away sends (and saves a checkpoint) once more
+with its old fence, which the gateway (and the lease service) refuses. A worker
+killed after step 2 is followed by another owner that resumes at step 3 from the
+checkpoint its grant carries. The lease service runs in the test's event loop;
+nothing waits with a fixed sleep.
 
 Node and the example's npm packages are required: ``make test`` installs the
 packages (``npm ci`` in ``examples/node``) before it runs the tests.
@@ -27,6 +30,8 @@ from demo import Child
 from gateway import read_sends
 
 from leasekeeper import LeaseClient
+from leasekeeper.v1 import lease_service_pb2 as pb
+from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.process.scene import EXAMPLES_DIR, STEP_TIMEOUT_S, Scene, poll_until
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(90)]
@@ -40,6 +45,7 @@ LOSS_REASONS = {"LEASE_SUPERSEDED", "LEASE_EXPIRED"}
 REFUSED_AFTER_LOSS = 3  # the worker's EXIT.REFUSED_AFTER_LOSS
 DONE = 0
 NOT_ACQUIRED = 7
+STEPS = 4
 
 
 def node_binary() -> str:
@@ -64,12 +70,15 @@ def events(child: Child, name: str) -> list[dict[str, Any]]:
 class NodeScene(Scene):
     """A scene with the gateway and one Node.js worker."""
 
-    async def start_node_worker(self, *flags: str, env: dict[str, str] | None = None) -> Child:
+    async def start_node_worker(
+        self, *flags: str, env: dict[str, str] | None = None, label: str = "node"
+    ) -> Child:
+        """Start the worker on ``TASK_ID``; its stderr goes to ``<workdir>/<label>.stderr``."""
         argv = [node_binary(), str(WORKER), "--target", self.target]
         argv += ["--gateway", self.gateway_address, "--namespace", self.namespace]
         argv += ["--task-id", TASK_ID, "--ttl-s", str(TTL_S), *flags]
         child = await Child.start(
-            "node", argv, dict(os.environ, **(env or {})), self.workdir / "node.stderr"
+            label, argv, dict(os.environ, **(env or {})), self.workdir / f"{label}.stderr"
         )
         self.children.append(child)
         return child
@@ -111,6 +120,11 @@ async def assert_refused_after_loss(s: NodeScene, worker: Child) -> None:
     assert done == {"event": "exit", "code": REFUSED_AFTER_LOSS, "outcome": "REFUSED_AFTER_LOSS"}
 
 
+async def stored(stub: rpc.LeaseServiceStub, namespace: str) -> pb.GetLeaseResponse:
+    """The task's lease and checkpoint as the server reads them now."""
+    return await stub.GetLease(pb.GetLeaseRequest(namespace=namespace, task_id=TASK_ID))
+
+
 def assert_one_send_with_fence_1(s: NodeScene, gateway: Child, namespace: str) -> None:
     assert gateway.has(rf"REFUSED {namespace}/{TASK_ID} fence=1 by leasekeeper check: ABORTED")
     accepted = [line for line in gateway.lines if "ACCEPTED" in line]
@@ -145,7 +159,7 @@ async def test_node_worker_claims_sends_and_releases(server, namespace, tmp_path
 
 
 async def test_node_worker_superseded_by_new_incarnation_is_refused_after_loss(
-    server, namespace, tmp_path
+    server, namespace, tmp_path, stub
 ):
     owner_id = f"node-worker-{namespace}"
     async with (
@@ -153,10 +167,10 @@ async def test_node_worker_superseded_by_new_incarnation_is_refused_after_loss(
         LeaseClient(server.target, namespace=namespace, owner_id=owner_id) as successor,
     ):
         gateway = await s.start_gateway()
-        worker = await s.start_node_worker(
-            "--owner-id", owner_id, "--work-s", str(HOLD_S), "--send-after-loss"
-        )
+        steps = ("--steps", "3", "--step-s", "0", "--hold-after-step", "1")
+        worker = await s.start_node_worker("--owner-id", owner_id, "--send-after-loss", *steps)
         await claimed_and_sent(s, worker)
+        await worker.wait_for(r'"event":"holding"')  # step 1 saved; the lease is still held
 
         # A restarted process with the same owner id claims again (a new request id): the
         # next fence, and the server ends the node worker's stream at once.
@@ -166,7 +180,59 @@ async def test_node_worker_superseded_by_new_incarnation_is_refused_after_loss(
         await assert_refused_after_loss(s, worker)
         (lost,) = events(worker, "lost")
         assert (lost["by"], lost["reason"]) == ("stream", "LEASE_SUPERSEDED")
+        # Its late checkpoint (step 2, fence 1) is refused with the loss reason: step 1 stays.
+        (late,) = events(worker, "late_checkpoint")
+        assert (late["fence"], late["version"], late["stored"]) == (1, 2, False), late
+        assert (late["code"], late["reason"]) == ("ABORTED", "LEASE_SUPERSEDED"), late
+        checkpoint = (await stored(stub, namespace)).checkpoint
+        assert (checkpoint.version, checkpoint.fence) == (1, 1)
+        assert json.loads(checkpoint.data) == {"step": 1}
     assert_one_send_with_fence_1(s, gateway, namespace)
+
+
+async def test_node_worker_killed_after_step_2_is_resumed_at_step_3_by_another_owner(
+    server, namespace, tmp_path, stub
+):
+    steps = ("--steps", str(STEPS), "--step-s", "0", "--work-s", "0")
+    async with scene(server.target, namespace, tmp_path) as s:
+        await s.start_gateway()
+        first = await s.start_node_worker(*steps, "--hold-after-step", "2", label="node-first")
+        await first.wait_for(r'"event":"holding"')
+        first.signal(signal.SIGKILL)  # no release, no half-close: the lease is left to expire
+        assert await first.exit_code(STEP_TIMEOUT_S) == -signal.SIGKILL
+        assert [(e["step"], e["fence"]) for e in events(first, "step")] == [(1, 1), (2, 1)]
+        assert events(first, "resumed") == []
+
+        async def expired() -> bool:
+            return (await stored(stub, namespace)).lease.state == pb.TASK_STATE_EXPIRED
+
+        await poll_until(expired)
+        checkpoint = (await stored(stub, namespace)).checkpoint
+        assert (checkpoint.version, checkpoint.fence) == (2, 1)
+
+        second = await s.start_node_worker(*steps, label="node-second")
+        assert await second.exit_code(STEP_TIMEOUT_S) == DONE, s.stderr_of(second)
+        (was,) = events(first, "claimed")
+        (now,) = events(second, "claimed")
+        assert now["fence"] == 2 and now["owner_id"] != was["owner_id"], (was, now)
+        assert events(second, "resumed") == [
+            {
+                "event": "resumed",
+                "checkpoint_version": 2,
+                "checkpoint_fence": 1,
+                "checkpoint_data": {"step": 2},
+                "next_step": 3,
+            }
+        ]
+        assert [(e["step"], e["fence"]) for e in events(second, "step")] == [(3, 2), (4, 2)]
+        assert events(second, "checkpoint_refused") == [] and events(second, "lost") == []
+
+        after = await stored(stub, namespace)
+        assert (after.lease.state, after.lease.fence) == (pb.TASK_STATE_FREE, 2)
+        assert (after.checkpoint.version, after.checkpoint.fence) == (STEPS, 2)
+        assert json.loads(after.checkpoint.data) == {"step": STEPS}
+        assert after.checkpoint.content_type == "application/json"
+    assert [row["fence"] for row in read_sends(s.ledger_path)] == [1, 2]
 
 
 async def test_node_worker_paused_past_its_ttl_is_refused_after_loss(server, namespace, tmp_path):
