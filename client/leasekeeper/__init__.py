@@ -17,6 +17,12 @@ the lease's fence (``policy`` is required: see :mod:`leasekeeper.effects`)::
 
         outcome = await send()  # run again: the recorded result, nothing sent
 
+A run survives its worker through checkpoints: the next owner's grant carries
+the latest one (see :mod:`leasekeeper.checkpoints`)::
+
+        step = int(lease.checkpoint.data) if lease.checkpoint else 0
+        await lease.save_checkpoint(step + 1, str(step + 1).encode())
+
 Effect services check those fences (:class:`FenceChecker`, :class:`FenceInterceptor`),
 or, with a database of their own, refuse lower fences in the effect's own
 transaction (:mod:`leasekeeper.fence_table`).
@@ -24,6 +30,7 @@ Durations are float seconds (or ``timedelta`` on input); instants are UTC
 ``datetime`` on the database clock.
 """
 
+from ._checkpoint import Checkpoint, CheckpointLike
 from ._owner import new_owner_id, new_request_id
 from ._types import (
     BeginResult,
@@ -38,6 +45,7 @@ from .client import CHANNEL_OPTIONS, LeaseClient
 from .effects import EffectOutcome, EffectRunner, request_digest
 from .errors import (
     AccessDenied,
+    CheckpointNotNewer,
     ClaimTimeout,
     EffectAlreadyCompleted,
     EffectError,
@@ -53,8 +61,13 @@ from .errors import (
     MissingFence,
     NotAcquired,
     StaleFence,
+    TaskCancelled,
     TaskCompleted,
+    TaskEnded,
+    TaskFailed,
     TaskNotFound,
+    TaskNotQuarantined,
+    TaskQuarantined,
 )
 from .fence_table import FENCE_BELOW_ACCEPTED, FenceRefused
 from .fencing import (
@@ -66,6 +79,7 @@ from .fencing import (
     FenceRef,
     fence_from_metadata,
 )
+from .history import HistoryEntry, HistoryKind
 from .lease import HeldLease, LeaseHold
 
 __all__ = [
@@ -76,6 +90,9 @@ __all__ = [
     "METADATA_TASK_ID",
     "AccessDenied",
     "BeginResult",
+    "Checkpoint",
+    "CheckpointLike",
+    "CheckpointNotNewer",
     "ClaimResult",
     "ClaimTimeout",
     "EffectAlreadyCompleted",
@@ -93,6 +110,8 @@ __all__ = [
     "FenceRef",
     "FenceRefused",
     "HeldLease",
+    "HistoryEntry",
+    "HistoryKind",
     "InvalidArgument",
     "LeaseClient",
     "LeaseError",
@@ -105,9 +124,14 @@ __all__ = [
     "NotAcquired",
     "RenewedLease",
     "StaleFence",
+    "TaskCancelled",
     "TaskCompleted",
+    "TaskEnded",
     "TaskEvent",
+    "TaskFailed",
     "TaskNotFound",
+    "TaskNotQuarantined",
+    "TaskQuarantined",
     "fence_from_metadata",
     "new_owner_id",
     "new_request_id",

@@ -68,6 +68,7 @@ async def acquire(
     ttl_s: float | None,
     max_runtime_s: float | None,
     wait_s: float | None,
+    max_attempts: int = 0,
 ) -> ClaimResult:
     """Claim ``task_id`` for ``client``, waiting up to ``wait_s`` seconds for it.
 
@@ -80,6 +81,7 @@ async def acquire(
         ttl_s: The lease's ttl in seconds; None for the server's default.
         max_runtime_s: The runtime budget in seconds; None for the server's maximum.
         wait_s: Seconds to wait while another owner holds the task; None: one attempt.
+        max_attempts: The attempt limit the grant carries; 0: the namespace's default.
 
     Returns:
         The granted claim (``acquired`` True).
@@ -89,7 +91,8 @@ async def acquire(
         ClaimTimeout: Still held by another owner after ``wait_s`` seconds.
         LeaseUnavailable: UNAVAILABLE on the last attempt allowed.
         LeaseError: DEADLINE_EXCEEDED or CANCELLED on the last attempt allowed,
-            or another refusal (TaskCompleted, InvalidArgument, LimitExceeded, ...).
+            or another refusal (TaskEnded, TaskQuarantined, InvalidArgument,
+            LimitExceeded, ...).
 
     """
     clock = client.clock
@@ -113,6 +116,7 @@ async def acquire(
                     request_id=request_id,
                     wait=server_wait_s,
                     deadline_past_wait=True,
+                    max_attempts=max_attempts,
                 )
             except InvalidArgument as error:
                 client._unmark_held(task_id)

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: this module imports nothing of the package
+    from ._checkpoint import Checkpoint
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,6 +36,12 @@ class EffectRecord:
         attempts: How many times the effect was reserved (1 for the first attempt).
         begin_time: When the latest reservation was made (UTC, database clock).
         complete_time: When the outcome was recorded (UTC, database clock); None while RESERVED.
+        external_operation_id: The outside system's id for the operation (e.g.
+            the payment's id), as recorded with the outcome; "" when none.
+        checkpoint: From ``LeaseClient.complete_effect`` only: the checkpoint
+            saved in the same transaction as the outcome (its ``next_checkpoint``,
+            with the data sent); None otherwise. Not compared: a record equals
+            the same effect as listed.
     """
 
     namespace: str
@@ -47,3 +57,5 @@ class EffectRecord:
     attempts: int
     begin_time: datetime
     complete_time: datetime | None
+    external_operation_id: str = ""
+    checkpoint: Checkpoint | None = dataclasses.field(default=None, compare=False)

@@ -14,8 +14,17 @@ order, each moving the :class:`~leasekeeper._trust.TrustWindow`). Outcomes:
   as long as the trust deadline allows; meanwhile
   ``renewal_error`` says why, until a renewal is confirmed again;
 * another error the server will repeat (INVALID_ARGUMENT, ...): lost, with that
-  reason;
+  reason; except an INVALID_ARGUMENT naming a carried checkpoint's field (its
+  data too large): the stream is reopened at once and the save asks SaveCheckpoint;
 * stop(): half-close, the server ends the stream OK; the lease stays HELD.
+
+A checkpoint may ride on the stream (:meth:`HeartbeatKeeper.carry_checkpoint`):
+the writer sends it on a beat of its own at once, and the answer to that beat
+says which version is stored after it. Every answer's ``checkpoint_version``
+is kept (``stored_checkpoint_version``). A checkpoint whose beat is not
+answered on the stream it was sent on is reported not carried
+(:class:`CheckpointNotCarried`): its caller asks SaveCheckpoint instead, which
+decides whether it was stored.
 """
 
 from __future__ import annotations
@@ -123,6 +132,26 @@ class _StreamStalled(Exception):
     """A beat went unanswered for longer than STALL_INTERVALS beat intervals."""
 
 
+class CheckpointNotCarried(Exception):
+    """A checkpoint could not be carried on the stream, or its beat went unanswered.
+
+    Raised by :meth:`HeartbeatKeeper.carry_checkpoint` when no stream is open
+    (reopening, stopped, lost) or the stream ended before the beat's answer:
+    whether it was stored is then unknown. Ask SaveCheckpoint.
+    """
+
+
+class _Beat:
+    """One beat sent and not yet answered: when it left, and the checkpoint it carried."""
+
+    __slots__ = ("saved", "send_time", "written_time")
+
+    def __init__(self, send_time: float, saved: asyncio.Future[int] | None) -> None:
+        self.send_time = send_time
+        self.written_time = float("inf")  # until the write returned
+        self.saved = saved  # answered with the stored version, for a checkpoint's beat
+
+
 class HeartbeatKeeper:
     """Keeps one lease renewed until stopped or lost.
 
@@ -157,11 +186,16 @@ class HeartbeatKeeper:
             initial_s=0.05, max_s=max(min(interval_s, RESUME_MAX_S), 0.05)
         )
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()  # set by stop() and by a checkpoint to carry
+        self._outbox: deque[tuple[pb.Checkpoint, asyncio.Future[int]]] = deque()
+        self._streaming = False  # a stream is open and has answered a beat
         self._task: asyncio.Task[None] | None = None
         self.lost: LeaseLost | None = None
         self.renewal_error: LeaseError | None = None
         """Why the last stream failed, while no renewal has been confirmed since."""
         self.streams_opened = 0
+        self.stored_checkpoint_version = 0
+        """The highest stored checkpoint version the server's answers told (0: none)."""
 
     @property
     def running(self) -> bool:
@@ -180,6 +214,7 @@ class HeartbeatKeeper:
         After ``timeout_s`` seconds the stream is cancelled instead. Idempotent.
         """
         self._stop.set()
+        self._wake.set()
         task = self._task
         if task is None or task.done():
             return
@@ -192,6 +227,50 @@ class HeartbeatKeeper:
         except asyncio.CancelledError:
             task.cancel()  # never leave a heartbeat running behind a cancelled exit
             raise
+
+    async def carry_checkpoint(self, checkpoint: pb.Checkpoint) -> int:
+        """Save ``checkpoint`` with a beat of the open stream, sent at once.
+
+        The server decides it as SaveCheckpoint does, in the beat's renewal; a
+        version that does not move forward is not stored and does not end the
+        stream.
+
+        Args:
+            checkpoint: Its version, data and content type.
+
+        Returns:
+            The stored checkpoint's version after the beat: the version sent
+            when it was stored, a higher one when it was not.
+
+        Raises:
+            CheckpointNotCarried: No stream is open and answering now, or it
+                ended before the beat was answered (stored or not: unknown).
+
+        """
+        if not self._streaming or self._stop.is_set() or self.lost is not None:
+            raise CheckpointNotCarried("no heartbeat stream is open")
+        stored: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._outbox.append((checkpoint, stored))
+        self._wake.set()
+        return await stored
+
+    def _next_beat(self) -> tuple[pb.HeartbeatRequest, asyncio.Future[int] | None]:
+        """The next beat after the first: a checkpoint's, when one waits, else an empty one."""
+        while self._outbox:
+            checkpoint, stored = self._outbox.popleft()
+            if not stored.done():  # its caller may have been cancelled
+                return pb.HeartbeatRequest(checkpoint=checkpoint), stored
+        return pb.HeartbeatRequest(), None
+
+    def _drop_checkpoints(self, sent: deque[_Beat]) -> None:
+        """The stream is over: every checkpoint not answered on it is not carried."""
+        self._streaming = False
+        waiting = [beat.saved for beat in sent if beat.saved is not None]
+        waiting += [stored for _, stored in self._outbox]
+        self._outbox.clear()
+        for stored in waiting:
+            if not stored.done():
+                stored.set_exception(CheckpointNotCarried("the heartbeat stream ended"))
 
     def _lose(self, error: LeaseLost) -> None:
         if self.lost is None and not self._stop.is_set():
@@ -215,11 +294,16 @@ class HeartbeatKeeper:
                 self._lose(error)
                 return
             except LeaseError as error:
-                if error.code not in _TRANSIENT_CODES:
+                if _checkpoint_refused(error):
+                    # The carried checkpoint was refused, not the lease: its save
+                    # asks SaveCheckpoint (which raises the refusal); beat on.
+                    logger.info("heartbeat stream for %s: %s", self._task_name(), error)
+                elif error.code not in _TRANSIENT_CODES:
                     self._lose(self._lost_error(error.reason or _code_name(error), error))
                     return
-                logger.info("heartbeat stream for %s failed: %s", self._task_name(), error)
-                self.renewal_error = error
+                else:
+                    logger.info("heartbeat stream for %s failed: %s", self._task_name(), error)
+                    self.renewal_error = error
             except _StreamStalled:
                 logger.info("heartbeat stream for %s stalled; reopening", self._task_name())
                 self.renewal_error = LeaseError(
@@ -265,7 +349,7 @@ class HeartbeatKeeper:
 
     async def _run_stream(self, call: Any) -> bool:
         """Beat on ``call``; True when it ended OK after our half-close."""
-        sent: deque[list[float]] = deque()  # [send_time, written_time] per unanswered beat
+        sent: deque[_Beat] = deque()  # the beats not yet answered, in order
         loop = asyncio.get_running_loop()
         reader = loop.create_task(self._read(call, sent))
         writer = loop.create_task(self._write(call, sent))
@@ -275,38 +359,41 @@ class HeartbeatKeeper:
                 raise writer.exception()  # type: ignore[misc]
             await reader
         finally:
+            self._drop_checkpoints(sent)  # first: no await may stop it
             for task in (reader, writer):
                 if not task.done():
                     task.cancel()
             await asyncio.gather(reader, writer, return_exceptions=True)
         return self._stop.is_set()
 
-    async def _write(self, call: Any, sent: deque[list[float]]) -> None:
-        request = self._first_request
+    async def _write(self, call: Any, sent: deque[_Beat]) -> None:
+        request, saved = self._first_request, None
         while True:
             # Measured from when the oldest unanswered beat left, not when it was
             # queued: the first write also waits for the connection.
             # Two intervals, not one: under load a slow answer is common, and a
             # needless reopen costs more than it saves.
-            if sent and self._clock() - sent[0][1] > STALL_INTERVALS * self._interval_s:
+            if sent and self._clock() - sent[0].written_time > STALL_INTERVALS * self._interval_s:
                 raise _StreamStalled()
             # The trust window counts from before the send: the conservative end.
-            beat = [self._clock(), float("inf")]
+            beat = _Beat(self._clock(), saved)
             sent.append(beat)
             try:
                 await call.write(request)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 return  # the call is over; the reader reports its status
-            beat[1] = self._clock()
-            request = pb.HeartbeatRequest()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self._interval_s)
+            beat.written_time = self._clock()
+            if not self._stop.is_set() and not self._outbox:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._interval_s)
             if self._stop.is_set():
                 with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                     await call.done_writing()
                 return
+            request, saved = self._next_beat()
 
-    async def _read(self, call: Any, sent: deque[list[float]]) -> None:
+    async def _read(self, call: Any, sent: deque[_Beat]) -> None:
         request = self._first_request
         while True:
             try:
@@ -315,18 +402,30 @@ class HeartbeatKeeper:
                 raise from_rpc_error(error, task_id=request.task_id, fence=request.fence) from error
             if response is grpc.aio.EOF:
                 return
+            self.stored_checkpoint_version = max(
+                self.stored_checkpoint_version, response.checkpoint_version
+            )
             if not sent:
                 continue  # more answers than beats: nothing to measure from
-            send_time = sent.popleft()[0]
+            beat = sent.popleft()
             self._window.confirm(
-                send_time,
+                beat.send_time,
                 from_duration(response.remaining_ttl),
                 renewed=response.renewed,
                 expire_time=instant(response, "expire_time"),
             )
+            self._streaming = True
             if response.renewed:
                 self.renewal_error = None
+            if beat.saved is not None and not beat.saved.done():
+                beat.saved.set_result(response.checkpoint_version)
             self._backoff.reset()
+
+
+def _checkpoint_refused(error: LeaseError) -> bool:
+    """True when the stream ended INVALID_ARGUMENT for a beat's checkpoint (e.g. its size)."""
+    field = error.field if isinstance(error, InvalidArgument) else None
+    return field is not None and field.startswith("checkpoint.")
 
 
 def _code_name(error: LeaseError) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
+from ._checkpoint import Checkpoint
 from ._effect_record import EffectRecord
 from ._trust import Clock
 from ._types import BeginResult, ClaimResult, FenceCheck, LeaseInfo, Seconds
@@ -51,7 +52,15 @@ class EffectCalls(Protocol):
     ) -> EffectRecord: ...
 
 
-class HoldingClient(EffectCalls, Protocol):
+class CheckpointCalls(Protocol):
+    """SaveCheckpoint (``LeaseClient.save_checkpoint``)."""
+
+    async def save_checkpoint(
+        self, task_id: str, fence: int, version: int, data: bytes, content_type: str = ""
+    ) -> Checkpoint: ...
+
+
+class HoldingClient(EffectCalls, CheckpointCalls, Protocol):
     """The client as ``LeaseHold`` and ``HeldLease`` use it (its private surface included)."""
 
     _call_timeout_s: float | None
@@ -68,10 +77,18 @@ class HoldingClient(EffectCalls, Protocol):
         request_id: str,
         wait: Seconds | None,
         deadline_past_wait: bool = False,
+        max_attempts: int = 0,
     ) -> ClaimResult: ...
 
     async def _release(
-        self, task_id: str, fence: int, complete: bool, timeout_s: float | None = None
+        self,
+        task_id: str,
+        fence: int,
+        complete: bool,
+        timeout_s: float | None = None,
+        *,
+        fail: bool = False,
+        fail_reason: str = "",
     ) -> LeaseInfo: ...
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None: ...

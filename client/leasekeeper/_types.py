@@ -13,6 +13,9 @@ from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from ._checkpoint import Checkpoint as Checkpoint
+from ._checkpoint import optional_checkpoint
+from ._checkpoint import saved as saved_checkpoint
 from ._effect_record import EffectRecord as EffectRecord
 from ._trust import trust_deadline
 from .errors import InvalidArgument
@@ -21,7 +24,7 @@ from .v1 import lease_service_pb2 as pb
 Seconds = float | int | timedelta
 """A duration: a number of seconds, or a ``timedelta``."""
 
-TASK_STATES = ("FREE", "HELD", "EXPIRED", "COMPLETED")
+TASK_STATES = ("FREE", "HELD", "EXPIRED", "COMPLETED", "QUARANTINED", "CANCELLED", "FAILED")
 EFFECT_POLICIES = ("ONCE", "LATEST")
 EFFECT_STATES = ("RESERVED", "SUCCEEDED", "FAILED")
 EFFECT_OUTCOMES = ("SUCCEEDED", "FAILED")
@@ -36,13 +39,25 @@ class LeaseInfo:
         task_id: The task.
         owner_id: The owner the lease was granted to (the last one when FREE/COMPLETED).
         fence: The fencing token; 0 only for a task never claimed.
-        state: ``"FREE"``, ``"HELD"``, ``"EXPIRED"`` or ``"COMPLETED"``.
+        state: ``"FREE"``, ``"HELD"``, ``"EXPIRED"``, ``"COMPLETED"``,
+            ``"QUARANTINED"`` (attempts used up: claims refused until an operator's
+            Retry), ``"CANCELLED"`` or ``"FAILED"`` (COMPLETED, CANCELLED and
+            FAILED are terminal).
         expire_time: When the lease ends unless renewed (UTC, database clock); None when FREE.
         remaining_ttl: Seconds left on the lease (database clock); 0 when not live.
         runtime_deadline: End of the runtime budget (UTC), or None.
         claim_time: When the current fence was granted (UTC), or None.
         end_reason: Why the last lease ended (a loss reason name), or None.
         revoke_reason: The operator's reason when the last lease was revoked, else "".
+        attempts: Grants of the task that ended without a release (expired,
+            revoked, runtime exceeded, superseded), counting a lease EXPIRED
+            now; an operator's Retry resets it to 0.
+        max_attempts: The attempt limit of the current (or last) grant; 0: none.
+            When ``attempts`` reaches it and the lease has ended, the task is QUARANTINED.
+        cancel_reason: The operator's reason, for a CANCELLED task, else "".
+        fail_reason: The owner's reason, for a FAILED task, else "".
+        checkpoint_version: The stored checkpoint's version; 0: none.
+        checkpoint_size: The stored checkpoint's size in bytes; 0: none.
     """
 
     namespace: str
@@ -56,6 +71,12 @@ class LeaseInfo:
     claim_time: datetime | None
     end_reason: str | None
     revoke_reason: str = ""
+    attempts: int = 0
+    max_attempts: int = 0
+    cancel_reason: str = ""
+    fail_reason: str = ""
+    checkpoint_version: int = 0
+    checkpoint_size: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,6 +121,8 @@ class ClaimResult:
             retry this claim); empty when it was sent without one.
         retry_after: When not acquired: seconds until the task can be granted,
             as far as the database could tell (holder's ttl plus lock delay).
+        checkpoint: When acquired: the task's checkpoint, read in the same
+            statement as the grant (resume from it); None when none was ever saved.
     """
 
     acquired: bool
@@ -109,6 +132,7 @@ class ClaimResult:
     holder_expire_time: datetime | None = None
     request_id: str = ""
     retry_after: float | None = None
+    checkpoint: Checkpoint | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,8 +141,9 @@ class TaskEvent:
 
     Attributes:
         type: ``"SNAPSHOT"`` (the task as it is: first, and after a possible
-            gap), ``"CLAIMED"``, ``"RELEASED"``, ``"EXPIRED"``, ``"COMPLETED"``
-            or ``"REVOKED"``.
+            gap), ``"CLAIMED"``, ``"RELEASED"``, ``"EXPIRED"``, ``"COMPLETED"``,
+            ``"REVOKED"``, ``"QUARANTINED"``, ``"RETRIED"``, ``"CANCELLED"`` or
+            ``"FAILED"``.
         lease: The task's lease as the event left it; None for a namespace
             SNAPSHOT (re-read what you care about).
         event_time: When it happened (UTC, database clock); None when unknown.
@@ -247,6 +272,12 @@ def _lease_fields(message: pb.Lease) -> dict[str, Any]:
         "claim_time": instant(message, "claim_time"),
         "end_reason": enum_name(pb.LossReason, message.end_reason, "LOSS_REASON_"),
         "revoke_reason": message.revoke_reason,
+        "attempts": message.attempts,
+        "max_attempts": message.max_attempts,
+        "cancel_reason": message.cancel_reason,
+        "fail_reason": message.fail_reason,
+        "checkpoint_version": message.checkpoint_version,
+        "checkpoint_size": message.checkpoint_size,
     }
 
 
@@ -291,6 +322,7 @@ def claim_result(message: pb.ClaimResponse, send_time: float, request_id: str = 
             if acquired or not message.HasField("retry_after")
             else from_duration(message.retry_after)
         ),
+        checkpoint=optional_checkpoint(message, "checkpoint") if acquired else None,
     )
 
 
@@ -307,24 +339,46 @@ def fence_check(message: pb.ValidateFenceResponse) -> FenceCheck:
     )
 
 
+def _effect_fields(message: pb.Effect) -> dict[str, Any]:
+    """The :class:`EffectRecord` fields of an ``Effect`` proto, by name."""
+    return {
+        "namespace": message.namespace,
+        "task_id": message.task_id,
+        "effect_key": message.effect_key,
+        "policy": enum_name(pb.EffectPolicy, message.policy, "EFFECT_POLICY_") or "UNSPECIFIED",
+        "request_digest": message.request_digest,
+        "state": enum_name(pb.EffectState, message.state, "EFFECT_STATE_") or "UNSPECIFIED",
+        "fence": message.fence,
+        "complete_fence": message.complete_fence,
+        "retryable": message.retryable,
+        "result": message.result,
+        "attempts": message.attempts,
+        # Always set by the server; an unset one reads as the epoch, never as now.
+        "begin_time": message.begin_time.ToDatetime(tzinfo=UTC),
+        "complete_time": instant(message, "complete_time"),
+        "external_operation_id": message.external_operation_id,
+    }
+
+
 def effect_record(message: pb.Effect) -> EffectRecord:
     """Convert an ``Effect`` proto."""
-    return EffectRecord(
-        namespace=message.namespace,
-        task_id=message.task_id,
-        effect_key=message.effect_key,
-        policy=enum_name(pb.EffectPolicy, message.policy, "EFFECT_POLICY_") or "UNSPECIFIED",
-        request_digest=message.request_digest,
-        state=enum_name(pb.EffectState, message.state, "EFFECT_STATE_") or "UNSPECIFIED",
-        fence=message.fence,
-        complete_fence=message.complete_fence,
-        retryable=message.retryable,
-        result=message.result,
-        attempts=message.attempts,
-        # Always set by the server; an unset one reads as the epoch, never as now.
-        begin_time=message.begin_time.ToDatetime(tzinfo=UTC),
-        complete_time=instant(message, "complete_time"),
-    )
+    return EffectRecord(**_effect_fields(message))
+
+
+def completed_effect(
+    message: pb.CompleteEffectResponse, sent: pb.Checkpoint | None, fence: int
+) -> EffectRecord:
+    """Convert a ``CompleteEffectResponse``.
+
+    ``sent`` is the ``next_checkpoint`` the request carried (None: none): the
+    answer's checkpoint leaves the data out, the caller has it. ``fence`` is the
+    request's, the checkpoint's writer when the answer does not say.
+    """
+    checkpoint = None
+    if sent is not None:
+        stored = message.checkpoint if message.HasField("checkpoint") else None
+        checkpoint = saved_checkpoint(sent, stored, fence)
+    return EffectRecord(**_effect_fields(message.effect), checkpoint=checkpoint)
 
 
 def begin_result(message: pb.BeginEffectResponse) -> BeginResult:

@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from . import _types
+from . import _checkpoint, _types, checkpoints, history
 from . import lease as _lease
+from ._checkpoint import Checkpoint, CheckpointLike
 from ._heartbeat import check_beat_interval
 from ._owner import OwnerIdentity, new_request_id
 from ._trust import Clock
@@ -33,6 +34,7 @@ from ._types import (
     TaskEvent,
 )
 from .errors import InvalidArgument, LeaseError, LeaseLost, from_rpc_error
+from .history import HistoryEntry
 from .lease import LeaseHold
 from .v1 import lease_service_pb2 as pb
 from .v1 import lease_service_pb2_grpc as pb_grpc
@@ -292,6 +294,7 @@ class LeaseClient:
         *,
         request_id: str | None = None,
         wait: Seconds | None = None,
+        max_attempts: int = 0,
     ) -> ClaimResult:
         """Claim a task for this owner. One atomic decision on the database clock.
 
@@ -326,13 +329,22 @@ class LeaseClient:
                 database's announcement of the change, within the server's
                 ``max_claim_wait``; keep it below ``call_timeout``. None: answer
                 at once.
+            max_attempts: The attempt limit this grant carries: when its lease
+                ends without a release (expiry, revoke) and the task's attempts
+                reach it, the task becomes QUARANTINED until an operator's
+                :meth:`retry`. 0: the namespace's default, else none. At most 1000000.
 
         Returns:
             The outcome; ``send_time`` is this client's clock when the request
-            left, ``request_id`` the request id it carried.
+            left, ``request_id`` the request id it carried, ``checkpoint`` the
+            task's checkpoint when acquired (resume from it).
 
         Raises:
             TaskCompleted: FAILED_PRECONDITION, the task is terminal.
+            TaskCancelled: FAILED_PRECONDITION TASK_CANCELLED, terminal.
+            TaskFailed: FAILED_PRECONDITION TASK_FAILED, terminal.
+            TaskQuarantined: FAILED_PRECONDITION TASK_QUARANTINED: attempts used
+                up; no claim is granted until an operator's :meth:`retry`.
             InvalidArgument: INVALID_ARGUMENT (or raised locally for a non-finite duration).
             LimitExceeded: RESOURCE_EXHAUSTED, a namespace limit; wait ``retry_after``.
             AccessDenied: UNAUTHENTICATED or PERMISSION_DENIED.
@@ -347,6 +359,7 @@ class LeaseClient:
             max_runtime,
             request_id=new_request_id() if request_id is None else request_id,
             wait=wait,
+            max_attempts=max_attempts,
         )
 
     async def _claim(
@@ -358,6 +371,7 @@ class LeaseClient:
         request_id: str,
         wait: Seconds | None,
         deadline_past_wait: bool = False,
+        max_attempts: int = 0,
     ) -> ClaimResult:
         """:meth:`claim`, sent once.
 
@@ -373,6 +387,7 @@ class LeaseClient:
             max_runtime=_types.to_duration(max_runtime, "max_runtime"),
             request_id=request_id,
             wait=_types.to_duration(wait, "wait"),
+            max_attempts=max_attempts,
         )
         past_s = _types.seconds(wait, "wait") if deadline_past_wait and wait is not None else 0.0
         send_time = self._clock()
@@ -451,39 +466,71 @@ class LeaseClient:
             raise
         return _types.renewed_lease(response.lease, send_time)
 
-    async def release(self, task_id: str, fence: int, complete: bool = False) -> LeaseInfo:
+    async def release(
+        self,
+        task_id: str,
+        fence: int,
+        complete: bool = False,
+        *,
+        fail: bool = False,
+        fail_reason: str = "",
+    ) -> LeaseInfo:
         """Release a lease (live or expired, unless a newer fence exists).
 
         Atomic and idempotent: releasing again with the same fence answers OK.
-        The task becomes FREE, or COMPLETED (never granted again) with ``complete``.
+        The task becomes FREE; COMPLETED (never granted again) with ``complete``;
+        FAILED (terminal too) with ``fail``. A release never counts as an attempt.
 
         Args:
             task_id: The task.
             fence: The lease's fence; >= 1.
             complete: Mark the task COMPLETED.
+            fail: End the run as failed: the task becomes FAILED. Not with ``complete``.
+            fail_reason: With ``fail``: why (``LeaseInfo.fail_reason``); at most
+                1024 bytes of UTF-8; may be empty.
 
         Returns:
             The task's lease after the release.
 
         Raises:
             LeaseLost: ABORTED: LEASE_SUPERSEDED (the newer lease is untouched),
-                NOT_OWNER, LEASE_REVOKED, TASK_COMPLETED, FENCE_UNKNOWN.
-            InvalidArgument: INVALID_ARGUMENT.
+                NOT_OWNER, LEASE_REVOKED, TASK_COMPLETED, TASK_CANCELLED,
+                TASK_FAILED, FENCE_UNKNOWN.
+            InvalidArgument: INVALID_ARGUMENT (or locally: ``fail`` with
+                ``complete``, or a ``fail_reason`` without ``fail``).
             LeaseUnavailable: UNAVAILABLE; safe to retry.
 
         """
-        return await self._release(task_id, fence, complete)
+        return await self._release(task_id, fence, complete, fail=fail, fail_reason=fail_reason)
 
     async def _release(
-        self, task_id: str, fence: int, complete: bool, timeout_s: float | None = None
+        self,
+        task_id: str,
+        fence: int,
+        complete: bool,
+        timeout_s: float | None = None,
+        *,
+        fail: bool = False,
+        fail_reason: str = "",
     ) -> LeaseInfo:
         """:meth:`release` within ``timeout_s`` seconds, if shorter than the call timeout."""
+        problem = None
+        if fail and complete:
+            field, problem = "fail", "a run ends completed or failed, not both"
+        elif fail_reason and not fail:
+            field, problem = "fail_reason", "only a failed run has a fail_reason"
+        if problem is not None:
+            raise InvalidArgument(
+                f"{field}: {problem}", field_violations=[(field, problem)], code=None
+            )
         request = pb.ReleaseRequest(
             namespace=self._namespace,
             task_id=task_id,
             owner_id=self.owner_id,
             fence=fence,
             complete=complete,
+            fail=fail,
+            fail_reason=fail_reason,
         )
         response = await self._call(
             self.stub.Release, request, task_id=task_id, fence=fence, timeout_s=timeout_s
@@ -529,6 +576,170 @@ class LeaseClient:
         request = pb.GetLeaseRequest(namespace=self._namespace, task_id=task_id)
         response = await self._call(self.stub.GetLease, request, task_id=task_id)
         return _types.lease_info(response.lease)
+
+    async def get_checkpoint(self, task_id: str) -> Checkpoint | None:
+        """The task's stored checkpoint, with its data (GetLease). Read-only.
+
+        For an operator or a reader; a worker receives it with its grant
+        (``ClaimResult.checkpoint``, ``HeldLease.checkpoint``).
+
+        Returns:
+            The checkpoint, or None when none was ever saved.
+
+        Raises:
+            TaskNotFound: NOT_FOUND, the task was never claimed.
+            InvalidArgument: INVALID_ARGUMENT.
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.GetLeaseRequest(namespace=self._namespace, task_id=task_id)
+        response = await self._call(self.stub.GetLease, request, task_id=task_id)
+        return _checkpoint.optional_checkpoint(response, "checkpoint")
+
+    async def save_checkpoint(
+        self, task_id: str, fence: int, version: int, data: bytes, content_type: str = ""
+    ) -> Checkpoint:
+        """Save the task's checkpoint under the caller's live lease (SaveCheckpoint).
+
+        One statement on the database clock: stored only when this owner holds
+        ``fence``, the task's current fence, live, and ``version`` is higher
+        than the stored version; nothing is stored otherwise. Does not renew the
+        lease. Idempotent: the stored version written again by the same fence
+        with the same data and content type answers OK. Inside ``hold()``
+        prefer :meth:`HeldLease.save_checkpoint <leasekeeper.HeldLease.save_checkpoint>`,
+        which rides on the heartbeat.
+
+        Args:
+            task_id: The task.
+            fence: The caller's fence; >= 1.
+            version: Higher than the stored version; >= 1.
+            data: Opaque; at most the server's ``max_checkpoint_bytes`` (256 KiB by default).
+            content_type: What ``data`` is; at most 128 bytes of printable ASCII; may be empty.
+
+        Returns:
+            The checkpoint as stored (the data sent, the server's fence and write time).
+
+        Raises:
+            CheckpointNotNewer: FAILED_PRECONDITION CHECKPOINT_NOT_NEWER: the
+                version does not move forward (``current_version`` is stored).
+            LeaseLost: ABORTED with the loss reason (LEASE_EXPIRED,
+                LEASE_SUPERSEDED, TASK_CANCELLED, TASK_FAILED, ...).
+            InvalidArgument: INVALID_ARGUMENT (field ``checkpoint.data`` when too
+                large), or locally for values of the wrong type.
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        sent = checkpoints.checkpoint_message((version, data, content_type))
+        request = pb.SaveCheckpointRequest(
+            namespace=self._namespace,
+            task_id=task_id,
+            owner_id=self.owner_id,
+            fence=fence,
+            checkpoint=sent,
+        )
+        response = await self._call(self.stub.SaveCheckpoint, request, task_id=task_id, fence=fence)
+        stored = response.checkpoint if response.HasField("checkpoint") else None
+        return _checkpoint.saved(sent, stored, fence)
+
+    async def cancel(self, task_id: str, reason: str) -> LeaseInfo:
+        """Cancel a task (an operator's call; needs an admin token when auth is on).
+
+        The task becomes CANCELLED, terminal: its holder's heartbeat ends at
+        once (``hold()`` raises ``LeaseLost`` with reason ``TASK_CANCELLED``),
+        every fence is refused from then on and claims raise
+        :class:`~leasekeeper.TaskCancelled`. The checkpoint is kept.
+        Cancelling a cancelled task answers OK and changes nothing.
+
+        Args:
+            task_id: The task.
+            reason: Why (``LeaseInfo.cancel_reason``, recorded, audited); 1-1024 bytes.
+
+        Returns:
+            The task after the call.
+
+        Raises:
+            TaskNotFound: NOT_FOUND, the task was never claimed.
+            TaskCompleted: FAILED_PRECONDITION TASK_COMPLETED: already ended.
+            TaskFailed: FAILED_PRECONDITION TASK_FAILED: already ended.
+            AccessDenied: UNAUTHENTICATED or PERMISSION_DENIED.
+            InvalidArgument: INVALID_ARGUMENT.
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.CancelRequest(namespace=self._namespace, task_id=task_id, reason=reason)
+        response = await self._call(self.stub.Cancel, request, task_id=task_id)
+        return _types.lease_info(response.lease)
+
+    async def retry(self, task_id: str, reason: str) -> LeaseInfo:
+        """Put a QUARANTINED task back (an operator's call; needs an admin token when auth is on).
+
+        The task becomes FREE with attempts 0; the next claim is granted with a
+        higher fence and receives the kept checkpoint.
+
+        Args:
+            task_id: The task.
+            reason: Why (recorded in its history and the audit log); 1-1024 bytes.
+
+        Returns:
+            The task after the call (FREE, attempts 0).
+
+        Raises:
+            TaskNotFound: NOT_FOUND, the task was never claimed.
+            TaskNotQuarantined: FAILED_PRECONDITION TASK_NOT_QUARANTINED (its
+                ``state`` says what the task is); nothing changed.
+            AccessDenied: UNAUTHENTICATED or PERMISSION_DENIED.
+            InvalidArgument: INVALID_ARGUMENT.
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.RetryRequest(namespace=self._namespace, task_id=task_id, reason=reason)
+        response = await self._call(self.stub.Retry, request, task_id=task_id)
+        return _types.lease_info(response.lease)
+
+    async def list_task_history(
+        self,
+        task_id: str,
+        page_size: int = 100,
+        page_token: str = "",
+        namespace: str | None = None,
+    ) -> tuple[list[HistoryEntry], str]:
+        """One page of a task's history, oldest first (see :mod:`leasekeeper.history`). Read-only.
+
+        Args:
+            task_id: The task.
+            page_size: At most this many (server default 100, maximum 1000).
+            page_token: From the previous page (bound to this task); empty for the first.
+            namespace: The task's namespace; None for this client's.
+
+        Returns:
+            ``(entries, next_page_token)``; the token is empty on the last page.
+
+        Raises:
+            InvalidArgument: INVALID_ARGUMENT (e.g. a token of another task).
+            AccessDenied: UNAUTHENTICATED or PERMISSION_DENIED.
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = history.list_request(
+            self._namespace if namespace is None else namespace, task_id, page_size, page_token
+        )
+        response = await self._call(self.stub.ListTaskHistory, request, task_id=task_id)
+        return history.page(response)
+
+    async def iter_task_history(
+        self, task_id: str, page_size: int = 100, namespace: str | None = None
+    ) -> AsyncIterator[HistoryEntry]:
+        """Every entry of a task's history, oldest first, page by page.
+
+        Raises:
+            InvalidArgument: INVALID_ARGUMENT.
+            LeaseUnavailable: UNAVAILABLE, on any page.
+
+        """
+        async for entry in _every_page(
+            lambda token: self.list_task_history(task_id, page_size, token, namespace)
+        ):
+            yield entry
 
     async def list_leases(
         self, state: str | None = None, page_size: int = 100, page_token: str = ""
@@ -696,14 +907,18 @@ class LeaseClient:
         retryable: bool = False,
         result: bytes = b"",
         namespace: str | None = None,
+        external_operation_id: str = "",
+        next_checkpoint: CheckpointLike | None = None,
     ) -> EffectRecord:
-        """Record the outcome of a reserved effect.
+        """Record the outcome of a reserved effect (and the checkpoint after it).
 
         One transaction on the database clock: the fence must be the task's
         current fence, its lease HELD, and at least the reservation's fence (a
         replacement worker may record the outcome of an earlier attempt it
         reconciled). Idempotent: the same outcome, retryable flag and result
-        recorded again answer OK.
+        recorded again answer OK. With ``next_checkpoint`` the checkpoint is
+        saved in the same transaction, decided as :meth:`save_checkpoint`
+        decides: both are stored or neither.
 
         Args:
             task_id: The task.
@@ -717,9 +932,16 @@ class LeaseClient:
                 system's message id); at most the server's
                 ``max_effect_result_bytes`` (64 KiB by default).
             namespace: The task's namespace; None for this client's.
+            external_operation_id: The outside system's id for the operation
+                (e.g. the payment's id), recorded with the outcome and in the
+                task's history; at most 256 bytes, the rules of ids; may be empty.
+            next_checkpoint: The checkpoint after this effect: a
+                :class:`~leasekeeper.Checkpoint` or ``(version, data[,
+                content_type])``; None: none.
 
         Returns:
-            The effect as recorded.
+            The effect as recorded; its ``checkpoint`` is the one saved with it
+            (the data sent), None without ``next_checkpoint``.
 
         Raises:
             LeaseLost: ABORTED: the fence may not act; a step that outlived its
@@ -728,8 +950,10 @@ class LeaseClient:
                 for the key.
             EffectAlreadyCompleted: FAILED_PRECONDITION EFFECT_ALREADY_COMPLETED:
                 another outcome is recorded.
+            CheckpointNotNewer: FAILED_PRECONDITION CHECKPOINT_NOT_NEWER: the
+                checkpoint does not move forward; the outcome is not recorded either.
             InvalidArgument: INVALID_ARGUMENT (or locally for an unknown outcome,
-                or ``retryable`` with SUCCEEDED).
+                ``retryable`` with SUCCEEDED, or a value that is not a checkpoint).
             LeaseUnavailable: UNAVAILABLE; safe to retry.
 
         """
@@ -740,6 +964,11 @@ class LeaseClient:
                 field_violations=[("retryable", "only a FAILED outcome is retryable")],
                 code=None,
             )
+        sent = (
+            None
+            if next_checkpoint is None
+            else checkpoints.checkpoint_message(next_checkpoint, "next_checkpoint")
+        )
         request = pb.CompleteEffectRequest(
             namespace=self._namespace if namespace is None else namespace,
             task_id=task_id,
@@ -748,9 +977,11 @@ class LeaseClient:
             outcome=outcome_value,  # type: ignore[arg-type]
             retryable=retryable,
             result=result,
+            external_operation_id=external_operation_id,
+            next_checkpoint=sent,
         )
         response = await self._call(self.stub.CompleteEffect, request, task_id=task_id, fence=fence)
-        return _types.effect_record(response.effect)
+        return _types.completed_effect(response, sent, fence)
 
     async def list_effects(
         self,
@@ -822,6 +1053,7 @@ class LeaseClient:
         safety_margin: Seconds | None = None,
         release_on_exit: bool = True,
         heartbeat_interval: Seconds | None = None,
+        max_attempts: int = 0,
     ) -> LeaseHold:
         """Claim a task, keep it renewed, and release it on exit.
 
@@ -849,11 +1081,14 @@ class LeaseClient:
                 beat (beats sooner than the server's minimum renew interval are
                 answered without one). At most ttl / 2 (two beats per ttl), and
                 only with an explicit ``ttl``.
+            max_attempts: The attempt limit of the grant (see :meth:`claim`); 0:
+                the namespace's default, else none.
 
         Returns:
             An async context manager; it raises, from ``async with``:
             NotAcquired (``wait`` None) or ClaimTimeout when not acquired;
-            TaskCompleted (FAILED_PRECONDITION); LeaseUnavailable (UNAVAILABLE)
+            TaskEnded (TaskCompleted, TaskCancelled, TaskFailed) or
+            TaskQuarantined (FAILED_PRECONDITION); LeaseUnavailable (UNAVAILABLE)
             or LeaseError (DEADLINE_EXCEEDED), after retrying within ``wait``
             with the same request id; InvalidArgument; and LeaseLost when
             ownership is lost while the block runs, or at once when the grant
@@ -879,6 +1114,7 @@ class LeaseClient:
             safety_margin_s=_types.optional_seconds(safety_margin, "safety_margin"),
             release_on_exit=release_on_exit,
             heartbeat_interval_s=heartbeat_interval_s,
+            max_attempts=max_attempts,
         )
 
     def _open_heartbeat(self) -> Any:

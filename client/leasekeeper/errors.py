@@ -4,7 +4,13 @@ Hierarchy (every class is a :class:`LeaseError`)::
 
     LeaseError                    any failed call; .code, .reason, .metadata
     ├── LeaseLost                 ABORTED: ownership is gone (claim again, never retry)
-    ├── TaskCompleted             FAILED_PRECONDITION TASK_COMPLETED: the task is terminal
+    ├── TaskEnded                 the task is terminal (claims refused; never granted again)
+    │   ├── TaskCompleted         FAILED_PRECONDITION TASK_COMPLETED
+    │   ├── TaskCancelled         FAILED_PRECONDITION TASK_CANCELLED: an operator cancelled it
+    │   └── TaskFailed            FAILED_PRECONDITION TASK_FAILED: its owner ended it as failed
+    ├── TaskQuarantined           FAILED_PRECONDITION TASK_QUARANTINED: attempts used up (Retry)
+    ├── TaskNotQuarantined        FAILED_PRECONDITION TASK_NOT_QUARANTINED: Retry refused; .state
+    ├── CheckpointNotNewer        FAILED_PRECONDITION CHECKPOINT_NOT_NEWER; .current_version
     ├── ClaimTimeout              hold(): the task stayed held by another owner
     │   └── NotAcquired           hold(wait=None): not acquired on the first claim
     ├── LeaseUnavailable          UNAVAILABLE: database or server out of reach (retry the call)
@@ -50,9 +56,15 @@ LOSS_REASONS = frozenset(
         "TASK_COMPLETED",
         "NOT_OWNER",
         "FENCE_UNKNOWN",
+        "TASK_CANCELLED",
+        "TASK_FAILED",
+        "TASK_QUARANTINED",
     }
 )
-"""The ``LossReason`` names without their ``LOSS_REASON_`` prefix."""
+"""The ``LossReason`` names without their ``LOSS_REASON_`` prefix.
+
+A lease is lost for each of them but TASK_QUARANTINED, which only a claim's
+refusal names (:class:`TaskQuarantined`)."""
 
 FENCE_MISSING = "FENCE_MISSING"
 """Reason an effect boundary gives for absent or malformed fence metadata."""
@@ -160,8 +172,88 @@ class LimitExceeded(LeaseError):
         self.retry_after = retry_after
 
 
-class TaskCompleted(LeaseError):
+class TaskEnded(LeaseError):
+    """The task is terminal: no claim is ever granted again (FAILED_PRECONDITION).
+
+    One of :class:`TaskCompleted`, :class:`TaskCancelled` and :class:`TaskFailed`;
+    ``reason`` says which. A worker skips the task.
+    """
+
+
+class TaskCompleted(TaskEnded):
     """The task is COMPLETED: no claim is ever granted again (FAILED_PRECONDITION)."""
+
+
+class TaskCancelled(TaskEnded):
+    """An operator cancelled the task (FAILED_PRECONDITION, reason TASK_CANCELLED).
+
+    Terminal: no claim is granted and no fence is valid again. ``get_lease``
+    tells the operator's words (``LeaseInfo.cancel_reason``). A held lease
+    that is cancelled is lost instead: ``LeaseLost`` with reason ``TASK_CANCELLED``.
+    """
+
+
+class TaskFailed(TaskEnded):
+    """The task's owner ended its run as failed (FAILED_PRECONDITION, reason TASK_FAILED).
+
+    Terminal, like a completion. ``get_lease`` tells why (``LeaseInfo.fail_reason``).
+    """
+
+
+class TaskQuarantined(LeaseError):
+    """The task used up its attempts and waits for an operator (FAILED_PRECONDITION).
+
+    Reason TASK_QUARANTINED: its leases ended without a release (expiry,
+    revoke) ``max_attempts`` times. No claim is granted until an operator
+    calls ``LeaseClient.retry`` (the task becomes FREE, attempts 0) or
+    ``cancel``. Not retryable by waiting.
+    """
+
+
+class TaskNotQuarantined(LeaseError):
+    """Retry was refused: the task is not QUARANTINED (FAILED_PRECONDITION).
+
+    Reason TASK_NOT_QUARANTINED. Nothing changed.
+    """
+
+    @property
+    def state(self) -> str | None:
+        """The task's state (e.g. ``"HELD"``) from the error metadata, when the server sent it."""
+        return self.metadata.get("state")
+
+
+class CheckpointNotNewer(LeaseError):
+    """A checkpoint was not saved: its version does not move forward.
+
+    FAILED_PRECONDITION, reason CHECKPOINT_NOT_NEWER: the task's stored
+    checkpoint has ``current_version``, at least the version sent. Nothing was
+    stored. Save with a higher version (resume from the stored one first if
+    another worker wrote it).
+    """
+
+    @classmethod
+    def of(cls, version: int, current_version: int, task_id: str, fence: int) -> CheckpointNotNewer:
+        """The refusal of ``version`` when ``current_version`` is stored (raised locally).
+
+        Args:
+            version: The version that was sent.
+            current_version: The stored checkpoint's version.
+            task_id: The task.
+            fence: The fence that tried to save it.
+
+        """
+        return cls(
+            f"checkpoint version {version} of task {task_id!r} (fence {fence}) does not "
+            f"move forward: version {current_version} is stored",
+            code=grpc.StatusCode.FAILED_PRECONDITION,
+            reason="CHECKPOINT_NOT_NEWER",
+            metadata={"current_version": str(current_version)},
+        )
+
+    @property
+    def current_version(self) -> int:
+        """The stored checkpoint's version (ErrorInfo metadata ``current_version``; 0 if absent)."""
+        return _int_or_none(self.metadata.get("current_version")) or 0
 
 
 class ClaimTimeout(LeaseError):
@@ -372,6 +464,11 @@ _PRECONDITION_ERRORS: dict[str, type[LeaseError]] = {
     "EFFECT_KEY_REUSED": EffectKeyReused,
     "EFFECT_NOT_BEGUN": EffectNotBegun,
     "EFFECT_ALREADY_COMPLETED": EffectAlreadyCompleted,
+    "TASK_CANCELLED": TaskCancelled,
+    "TASK_FAILED": TaskFailed,
+    "TASK_QUARANTINED": TaskQuarantined,
+    "TASK_NOT_QUARANTINED": TaskNotQuarantined,
+    "CHECKPOINT_NOT_NEWER": CheckpointNotNewer,
 }
 
 
@@ -442,6 +539,11 @@ def from_rpc_error(
     FAILED_PRECONDITION   EFFECT_KEY_REUSED         EffectKeyReused
     FAILED_PRECONDITION   EFFECT_NOT_BEGUN          EffectNotBegun
     FAILED_PRECONDITION   EFFECT_ALREADY_COMPLETED  EffectAlreadyCompleted
+    FAILED_PRECONDITION   TASK_CANCELLED            TaskCancelled
+    FAILED_PRECONDITION   TASK_FAILED               TaskFailed
+    FAILED_PRECONDITION   TASK_QUARANTINED          TaskQuarantined
+    FAILED_PRECONDITION   TASK_NOT_QUARANTINED      TaskNotQuarantined (.state)
+    FAILED_PRECONDITION   CHECKPOINT_NOT_NEWER      CheckpointNotNewer (.current_version)
     INVALID_ARGUMENT      any                       InvalidArgument
     NOT_FOUND             any                       TaskNotFound
     UNAVAILABLE           any (or none)             LeaseUnavailable

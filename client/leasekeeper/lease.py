@@ -19,6 +19,11 @@ trust deadline reason ``RUNTIME_EXCEEDED`` when the last confirmed answer
 already ended the lease at its runtime budget, else ``LEASE_EXPIRED``; the
 server's reason otherwise.
 
+The block may end the run itself: ``lease.complete()`` (COMPLETED) or
+``lease.fail(reason)`` (FAILED), both terminal. It saves its progress with
+``lease.save_checkpoint(...)``; ``lease.checkpoint`` is the one received with
+the grant, to resume from (see :mod:`leasekeeper.checkpoints`).
+
 Exiting stops the heartbeat (half-close) and releases the lease (best effort:
 a failed release is logged; the lease then ends by its ttl). An exception
 raised by the block propagates unchanged; the lease is released all the same.
@@ -45,12 +50,14 @@ from typing import Any, NamedTuple
 import grpc
 
 from ._acquire import acquire
+from ._checkpoint import Checkpoint
 from ._heartbeat import STOP_TIMEOUT_S, HeartbeatKeeper, beat_interval_s
 from ._ports import HoldingClient
 from ._trust import TrustWindow, default_safety_margin
 from ._types import ClaimResult, LeaseInfo, to_duration
+from .checkpoints import CheckpointWriter
 from .effects import EffectRunner, Reconcile
-from .errors import LeaseError, LeaseLost
+from .errors import LeaseError, LeaseLost, TaskCompleted, TaskFailed
 from .fencing import FenceRef
 from .v1 import lease_service_pb2 as pb
 
@@ -64,6 +71,8 @@ _NOT_OURS = frozenset(
         "LEASE_RELEASED",
         "LEASE_REVOKED",
         "TASK_COMPLETED",
+        "TASK_CANCELLED",
+        "TASK_FAILED",
         "NOT_OWNER",
         "FENCE_UNKNOWN",
     }
@@ -78,16 +87,18 @@ class LeaseState(enum.Enum):
 
     Its transitions (every one through ``HeldLease._move``)::
 
-        HOLDING    -> COMPLETING (complete()), LOST, RELEASING (the block ended)
+        HOLDING    -> COMPLETING (complete()), FAILING (fail()), LOST,
+                      RELEASING (the block ended)
         COMPLETING -> COMPLETED, LOST; back to HOLDING (or CLOSED, the block
                       having ended) when it failed without a loss
+        FAILING    -> FAILED, LOST; back as COMPLETING goes
         RELEASING  -> CLOSED, LOST (the trust deadline passed while stopping)
-        CLOSED     -> LOST (the trust window runs on after the block), COMPLETING
-        COMPLETED, LOST: final
+        CLOSED     -> LOST (the trust window runs on after the block), COMPLETING, FAILING
+        COMPLETED, FAILED, LOST: final
 
-    A loss while COMPLETING is recorded for the completion's outcome to judge,
-    one after COMPLETED is none, and one while LOST may refine the reason: each
-    keeps its state.
+    A loss while COMPLETING or FAILING is recorded for the call's outcome to
+    judge, one after COMPLETED or FAILED is none, and one while LOST may
+    refine the reason: each keeps its state.
     """
 
     HOLDING = "HOLDING"
@@ -98,6 +109,11 @@ class LeaseState(enum.Enum):
     outcome decides."""
     COMPLETED = "COMPLETED"
     """The task is completed (complete() succeeded): nothing to release, never lost. Final."""
+    FAILING = "FAILING"
+    """fail() awaits the server; a loss meanwhile is recorded as while COMPLETING."""
+    FAILED = "FAILED"
+    """The run ended as failed (fail() succeeded): the task is FAILED, terminal; nothing
+    to release, never lost. Final."""
     LOST = "LOST"
     """Ownership is lost; ``loss`` says why. Final (the reason may be made more precise)."""
     RELEASING = "RELEASING"
@@ -108,18 +124,22 @@ class LeaseState(enum.Enum):
 
 _S = LeaseState
 _TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
-    _S.HOLDING: frozenset({_S.COMPLETING, _S.LOST, _S.RELEASING}),
+    _S.HOLDING: frozenset({_S.COMPLETING, _S.FAILING, _S.LOST, _S.RELEASING}),
     _S.COMPLETING: frozenset({_S.COMPLETING, _S.COMPLETED, _S.LOST, _S.HOLDING, _S.CLOSED}),
     _S.COMPLETED: frozenset({_S.COMPLETED}),
+    _S.FAILING: frozenset({_S.FAILING, _S.FAILED, _S.LOST, _S.HOLDING, _S.CLOSED}),
+    _S.FAILED: frozenset({_S.FAILED}),
     _S.LOST: frozenset({_S.LOST}),
-    _S.RELEASING: frozenset({_S.COMPLETING, _S.LOST, _S.CLOSED}),
+    _S.RELEASING: frozenset({_S.COMPLETING, _S.FAILING, _S.LOST, _S.CLOSED}),
     # The trust window runs on after the block: a lease kept to its ttl is lost at its end.
-    _S.CLOSED: frozenset({_S.COMPLETING, _S.LOST}),
+    _S.CLOSED: frozenset({_S.COMPLETING, _S.FAILING, _S.LOST}),
 }
-# Where a loss takes each state: while completing it is only recorded, once
-# completed there is nothing to lose.
+_ENDING = frozenset({_S.COMPLETING, _S.FAILING})  # the run's end awaits the server
+_ENDED = frozenset({_S.COMPLETED, _S.FAILED})  # the run ended: nothing to release or lose
+# Where a loss takes each state: while ending the run it is only recorded,
+# once ended there is nothing to lose.
 _ON_LOSS: dict[LeaseState, LeaseState] = {
-    state: state if state in (_S.COMPLETING, _S.COMPLETED) else _S.LOST for state in LeaseState
+    state: state if state in _ENDING | _ENDED else _S.LOST for state in LeaseState
 }
 
 
@@ -151,6 +171,7 @@ class HeldLease:
         window: TrustWindow,
         *,
         body: asyncio.Task[Any] | None = None,
+        checkpoint: Checkpoint | None = None,
     ) -> None:
         """A lease trusted within ``window`` (state HOLDING).
 
@@ -160,10 +181,13 @@ class HeldLease:
             window: Its trust window, confirmed by the grant.
             body: The task running the ``hold()`` block: cancelled when the lease
                 is lost while the block runs. None: nothing to cancel.
+            checkpoint: The task's checkpoint received with the grant, or None.
 
         """
         self._client = client
         self._info = info
+        self._checkpoint = checkpoint
+        self._checkpoints = CheckpointWriter(client, info.task_id, info.fence, checkpoint)
         self._window = window
         self._keeper: HeartbeatKeeper | None = None
         self._state = LeaseState.HOLDING
@@ -207,6 +231,63 @@ class HeldLease:
         return self._info
 
     @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The task's checkpoint received with the grant: resume from it. None: none was saved.
+
+        Read in the same statement as the grant, so it is the latest: only the
+        holder of the live fence writes one. Later saves do not change it.
+        """
+        return self._checkpoint
+
+    @property
+    def checkpoint_version(self) -> int:
+        """The stored checkpoint's version as this holder last heard it (0: none).
+
+        The grant's, then this lease's own saves and what each heartbeat answer tells.
+        """
+        return self._checkpoints.known_version(self._keeper)
+
+    async def save_checkpoint(
+        self, version: int, data: bytes, content_type: str = ""
+    ) -> Checkpoint:
+        """Save the task's progress under this lease: a replacement resumes from it.
+
+        Stored only while this lease is the task's live current fence and
+        ``version`` is higher than the stored one, on the database clock.
+        While the heartbeat stream is open the checkpoint rides on a beat of
+        its own, sent at once (its renewal writes it); otherwise, or when the
+        stream ends before the beat is answered, SaveCheckpoint is sent (it
+        decides whether that beat stored it: the same version written again
+        with the same data answers OK). Saves of one lease go one at a time.
+        Does not change :attr:`checkpoint`.
+
+        Args:
+            version: Higher than the stored version (e.g. the step number); >= 1.
+            data: The progress, opaque to the server; at most its
+                ``max_checkpoint_bytes`` (256 KiB by default).
+            content_type: What ``data`` is (e.g. ``"application/json"``); at most
+                128 bytes of printable ASCII; may be empty.
+
+        Returns:
+            The checkpoint as stored (``write_time`` None when the stream carried it).
+
+        Raises:
+            CheckpointNotNewer: FAILED_PRECONDITION CHECKPOINT_NOT_NEWER (or the
+                beat's answer): a version at least as high is stored
+                (``current_version``); nothing was stored.
+            LeaseLost: The lease is already lost (nothing is sent), or the
+                server refused ABORTED with the loss reason (LEASE_EXPIRED,
+                LEASE_SUPERSEDED, TASK_CANCELLED, ...): nothing was stored.
+            InvalidArgument: INVALID_ARGUMENT (data too large, version < 1, a bad
+                content type), or locally for values of the wrong type.
+            LeaseUnavailable: UNAVAILABLE; safe to call again.
+
+        """
+        return await self._checkpoints.save(
+            version, data, content_type, stream=self._keeper, check=self.check
+        )
+
+    @property
     def ref(self) -> FenceRef:
         """``(namespace, task_id, fence)`` as a :class:`~leasekeeper.FenceRef`."""
         return FenceRef(self.namespace, self.task_id, self.fence)
@@ -229,7 +310,7 @@ class HeldLease:
     @property
     def loss(self) -> LeaseLost | None:
         """The loss, or None while the lease is trusted (or after :meth:`complete`)."""
-        if self._state is LeaseState.COMPLETED:
+        if self._state in _ENDED:
             return None
         if self._loss is None and self._window.expired():
             # Recorded, not acted on: the reader may be the block itself, and the
@@ -337,18 +418,65 @@ class HeldLease:
                 ended the lease at its runtime budget; the call is cancelled, its
                 DEADLINE_EXCEEDED the cause): whether the task was completed is
                 unknown, and the lease is lost: commit nothing.
+            TaskFailed: The run already ended as failed (raised locally, nothing sent).
             LeaseUnavailable: UNAVAILABLE: the task is not completed, the heartbeat
                 goes on; safe to call again.
 
         """
-        if self._state is LeaseState.COMPLETED:
+        return await self._end_run(LeaseState.COMPLETING, LeaseState.COMPLETED)
+
+    async def fail(self, reason: str = "") -> LeaseInfo:
+        """End the run as failed now (release with ``fail=True``), then stop the heartbeat.
+
+        The task becomes FAILED: terminal like COMPLETED, never granted again;
+        ``LeaseInfo.fail_reason`` keeps ``reason``. For a run that must not be
+        tried again (bad input); a run that may succeed later just raises (or
+        leaves the block): its lease is released and the task FREE again. The
+        call's deadline, and what a loss means, are as for :meth:`complete`.
+        Idempotent once it succeeded.
+
+        Args:
+            reason: Why the run failed: at most 1024 bytes of UTF-8; may be empty.
+
+        Returns:
+            The task's lease, now FAILED.
+
+        Raises:
+            LeaseLost: As for :meth:`complete`: the task is not failed (or, for a
+                passed trust deadline, whether it was is unknown).
+            TaskCompleted: The run was already completed (raised locally, nothing sent).
+            InvalidArgument: INVALID_ARGUMENT (a bad ``reason``).
+            LeaseUnavailable: UNAVAILABLE: the task is not failed, the heartbeat
+                goes on; safe to call again.
+
+        """
+        return await self._end_run(LeaseState.FAILING, LeaseState.FAILED, fail_reason=reason)
+
+    async def _end_run(
+        self, ending: LeaseState, ended: LeaseState, *, fail_reason: str | None = None
+    ) -> LeaseInfo:
+        """Complete (``fail_reason`` None) or fail the run: Release, then stop the heartbeat.
+
+        ``ending`` and ``ended`` are the states the lease passes through
+        (COMPLETING and COMPLETED, or FAILING and FAILED).
+        """
+        if self._state is ended:
             return self._info
+        if self._state in _ENDED:
+            raise _ended_already(self._state, self.task_id)
         self.check()
         before, body = self._state, self._body
         deadline, left_s = self._window.deadline, self._window.remaining_s()
-        self._move(LeaseState.COMPLETING)
+        self._move(ending)
         try:
-            info = await self._client._release(self.task_id, self.fence, True, left_s)
+            info = await self._client._release(
+                self.task_id,
+                self.fence,
+                fail_reason is None,
+                left_s,
+                fail=fail_reason is not None,
+                fail_reason=fail_reason or "",
+            )
         except LeaseLost as error:
             self._move(LeaseState.LOST, error)
             raise
@@ -363,7 +491,7 @@ class HeldLease:
             self._move(self._after_failed_completion(before, body))
             raise
         self._info = info
-        self._move(LeaseState.COMPLETED)
+        self._move(ended)
         if self._keeper is not None:
             await self._keeper.stop()
         return info
@@ -425,7 +553,7 @@ class HeldLease:
         if self._keeper is not None:
             # After a loss there is no OK to wait for: cancel the stream at once.
             await self._keeper.stop(timeout_s=0.0 if self.lost else STOP_TIMEOUT_S)
-        if release and self._state is not LeaseState.COMPLETED:
+        if release and self._state not in _ENDED:
             late_loss = self.loss  # judged again: the trust deadline may have passed while stopping
             if late_loss is None:
                 await self._release(timeout_s=None, level=logging.WARNING)
@@ -448,7 +576,7 @@ class HeldLease:
             loss: Why, for a loss: kept unless a loss is already recorded, or
                 the recorded one is a passed trust deadline (LEASE_EXPIRED) and
                 this one the heartbeat's report (the server's reason is the
-                truth). Dropped when ``to`` is COMPLETED, which clears any loss.
+                truth). Dropped when ``to`` is COMPLETED or FAILED, which clear any loss.
             reported: The heartbeat reported the loss: a lease lost while its
                 block runs has the block's task cancelled (once). A loss found
                 by reading :attr:`loss` is only recorded: the reader may be the
@@ -461,7 +589,7 @@ class HeldLease:
         if to not in _TRANSITIONS[self._state]:
             raise RuntimeError(f"HeldLease cannot go from {self._state.name} to {to.name}")
         self._state = to
-        if to is LeaseState.COMPLETED:
+        if to in _ENDED:
             self._loss = None
             return
         if loss is not None and (
@@ -490,7 +618,7 @@ class HeldLease:
     def _after_failed_completion(
         self, before: LeaseState, body: asyncio.Task[Any] | None
     ) -> LeaseState:
-        """The state after a completion that failed: LOST with a loss, else where it was.
+        """The state after an end of the run that failed: LOST with a loss, else where it was.
 
         ``before`` is the state complete() started from and ``body`` the block's
         task then; a block that ended while the completion was in flight leaves
@@ -533,6 +661,13 @@ class HeldLease:
             )
 
 
+def _ended_already(state: LeaseState, task_id: str) -> LeaseError:
+    """The refusal of a second, other end of a run that already ended in ``state``."""
+    if state is LeaseState.FAILED:
+        return TaskFailed(f"task {task_id!r}: the run already ended as failed")
+    return TaskCompleted(f"task {task_id!r}: the run is already completed")
+
+
 class LeaseHold:
     """``async with client.hold(...) as lease``: claim, keep renewed, release.
 
@@ -549,7 +684,8 @@ class LeaseHold:
       (``LeaseUnavailable``, ``LeaseError``). Every attempt of one acquisition
       carries the same request id, so a retry of a claim that was granted gets
       that same lease and fence back, on whichever replica it lands;
-      ``TaskCompleted`` and ``InvalidArgument`` are raised;
+      ``TaskEnded`` (COMPLETED, CANCELLED, FAILED), ``TaskQuarantined`` and
+      ``InvalidArgument`` are raised;
     * a second ``hold()`` of the same task on the same client counts as "held by
       another owner" until the first exits, without asking the server (both
       are this client's owner id: the server would take the second claim, with
@@ -571,8 +707,10 @@ class LeaseHold:
         safety_margin_s: float | None,
         release_on_exit: bool,
         heartbeat_interval_s: float | None = None,
+        max_attempts: int = 0,
     ) -> None:
         self._client = client
+        self._max_attempts = max_attempts
         self._task_id = task_id
         self._ttl_s = ttl_s
         self._max_runtime_s = max_runtime_s
@@ -597,6 +735,7 @@ class LeaseHold:
             ttl_s=self._ttl_s,
             max_runtime_s=self._max_runtime_s,
             wait_s=self._wait_s,
+            max_attempts=self._max_attempts,
         )
         try:
             self._lease = self._start(result, task)
@@ -651,7 +790,7 @@ class LeaseHold:
                 message=f"lease lost: the grant arrived after its trust deadline "
                 f"({window.loss_reason})",
             )
-        lease = HeldLease(client, info, window, body=task)
+        lease = HeldLease(client, info, window, body=task, checkpoint=result.checkpoint)
         lease.keep_renewed(
             ttl_s=self._ttl_s,
             interval_s=beat_interval_s(self._heartbeat_interval_s, ttl_s),

@@ -43,8 +43,8 @@ from leasekeeper_server.storage.events import LeaseEvents
 from leasekeeper_server.storage.ledger import EffectLedger
 from leasekeeper_server.storage.migrate import migrate
 from leasekeeper_server.storage.pooling import check_session_pooling
-from leasekeeper_server.storage.store import Store
 from leasekeeper_server.storage.pruner import HistoryPruner
+from leasekeeper_server.storage.store import Store
 from leasekeeper_server.storage.sweeper import ExpirySweeper
 
 log = logging.getLogger(__name__)

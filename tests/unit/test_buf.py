@@ -79,7 +79,7 @@ def test_buf_breaking_real_tree_against_baseline_passes():
 @pytest.mark.parametrize(
     ("pattern", "replacement", "complaint"),
     [
-        (r"^(\s+)int64 fence = 4;$", r"\1int64 fence = 99;", "FIELD_NO_DELETE"),
+        (r"^(\s+)int64 current_fence = 2;$", r"\1int64 current_fence = 99;", "FIELD_NO_DELETE"),
         (r"^\s+rpc ValidateFence\(.*$", "", "RPC_NO_DELETE"),
         (r"^(\s+)string task_id = 2;$", r"\1string job_id = 2;", "FIELD_SAME_NAME"),
     ],

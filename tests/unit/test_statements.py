@@ -59,14 +59,17 @@ def test_parameters_out_of_the_statements_order_are_refused_at_start():
 def test_a_batch_becomes_one_array_per_parameter_in_order():
     renewals = [
         RenewParams("ns", "a", "w1", 3, timedelta(seconds=5)),
-        RenewParams("ns", "b", "w2", 7, timedelta(seconds=9)),
+        RenewParams("ns", "b", "w2", 7, None, 2, b"cp", "text/plain"),
     ]
     assert statement("renew", RenewParams).arrays(renewals) == [
         ["ns", "ns"],
         ["a", "b"],
         ["w1", "w2"],
         [3, 7],
-        [timedelta(seconds=5), timedelta(seconds=9)],
+        [timedelta(seconds=5), None],
+        [None, 2],
+        [None, b"cp"],
+        [None, "text/plain"],
     ]
 
 
