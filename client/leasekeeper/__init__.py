@@ -42,7 +42,7 @@ from ._types import (
     TaskEvent,
 )
 from .client import CHANNEL_OPTIONS, LeaseClient
-from .effects import EffectOutcome, EffectRunner, request_digest
+from .effects import EffectOutcome, EffectRunner, Performed, request_digest
 from .errors import (
     AccessDenied,
     CheckpointNotNewer,
@@ -122,6 +122,7 @@ __all__ = [
     "LimitExceeded",
     "MissingFence",
     "NotAcquired",
+    "Performed",
     "RenewedLease",
     "StaleFence",
     "TaskCancelled",

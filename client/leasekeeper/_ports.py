@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from ._checkpoint import Checkpoint
+from ._checkpoint import Checkpoint, CheckpointLike
 from ._effect_record import EffectRecord
 from ._trust import Clock
 from ._types import BeginResult, ClaimResult, FenceCheck, LeaseInfo, Seconds
@@ -49,6 +49,8 @@ class EffectCalls(Protocol):
         retryable: bool = False,
         result: bytes = b"",
         namespace: str | None = None,
+        external_operation_id: str = "",
+        next_checkpoint: CheckpointLike | None = None,
     ) -> EffectRecord: ...
 
 

@@ -51,13 +51,31 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec
 
 from . import _types
+from ._checkpoint import CheckpointLike
 from ._ports import EffectLease
 from ._types import BeginResult, EffectRecord
 from .errors import EffectFailed, EffectInDoubt, LeaseError
 
 P = ParamSpec("P")
 
-EffectValue = bytes | str | None
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Performed:
+    """An effect function's answer that also names the outside system's operation.
+
+    Attributes:
+        result: The outside system's answer, recorded as the effect's result
+            (bytes as they are, text as UTF-8, None as empty bytes).
+        external_operation_id: The outside system's id for the operation (a
+            payment id, a message id), recorded with the outcome and in the
+            task's history (CompleteEffectRequest.external_operation_id).
+    """
+
+    result: bytes | str | None
+    external_operation_id: str = ""
+
+
+EffectValue = bytes | str | None | Performed
 """What an effect function (or ``reconcile``) returns: the outside system's answer.
 
 Bytes are recorded as they are, text as UTF-8, None as empty bytes.
@@ -146,6 +164,7 @@ class EffectRunner:
         policy: str,
         request_digest: bytes = b"",
         reconcile: Reconcile | None = None,
+        next_checkpoint: CheckpointLike | None = None,
     ) -> None:
         """Prepare an effect; nothing is sent until it runs.
 
@@ -157,6 +176,9 @@ class EffectRunner:
                 :func:`request_digest`); at most 64 bytes.
             reconcile: Asks the outside system about an unconfirmed earlier
                 attempt; None raises ``EffectInDoubt`` instead.
+            next_checkpoint: The task's checkpoint after this effect, saved in
+                the same transaction as its SUCCEEDED outcome (both or neither;
+                CompleteEffectRequest.next_checkpoint); None: none.
 
         Raises:
             InvalidArgument: ``policy`` is not ONCE or LATEST (raised locally).
@@ -168,6 +190,7 @@ class EffectRunner:
         self._policy = policy
         self._request_digest = request_digest
         self._reconcile = reconcile
+        self._next_checkpoint = next_checkpoint
 
     @property
     def effect_key(self) -> str:
@@ -221,7 +244,7 @@ class EffectRunner:
                 raise EffectInDoubt(begun.effect)
             found = await self._reconcile(begun.effect)
             if found is not None:
-                effect = await self._complete("SUCCEEDED", result=_as_bytes(found))
+                effect = await self._succeeded(found)
                 return EffectOutcome(effect.result, fresh=False, effect=effect)
             await self._complete("FAILED", retryable=True, result=RECONCILED_ABSENT)
             begun = await self._begin()
@@ -243,8 +266,18 @@ class EffectRunner:
                 "FAILED", retryable=failure.retryable, result=failure.result
             )
             raise
-        effect = await self._complete("SUCCEEDED", result=_as_bytes(value))
+        effect = await self._succeeded(value)
         return EffectOutcome(effect.result, fresh=True, effect=effect)
+
+    async def _succeeded(self, value: EffectValue) -> EffectRecord:
+        """Records SUCCEEDED with the answer, its operation id and the next checkpoint."""
+        operation_id = value.external_operation_id if isinstance(value, Performed) else ""
+        return await self._complete(
+            "SUCCEEDED",
+            result=_as_bytes(value),
+            external_operation_id=operation_id,
+            next_checkpoint=self._next_checkpoint,
+        )
 
     async def _begin(self) -> BeginResult:
         lease = self._lease
@@ -258,7 +291,13 @@ class EffectRunner:
         )
 
     async def _complete(
-        self, outcome: str, *, retryable: bool = False, result: bytes = b""
+        self,
+        outcome: str,
+        *,
+        retryable: bool = False,
+        result: bytes = b"",
+        external_operation_id: str = "",
+        next_checkpoint: CheckpointLike | None = None,
     ) -> EffectRecord:
         lease = self._lease
         return await lease.client.complete_effect(
@@ -269,6 +308,8 @@ class EffectRunner:
             retryable=retryable,
             result=result,
             namespace=lease.namespace,
+            external_operation_id=external_operation_id,
+            next_checkpoint=next_checkpoint,
         )
 
 
@@ -289,9 +330,12 @@ def _as_bytes(value: EffectValue) -> bytes:
     """An effect's answer as the bytes to record.
 
     Raises:
-        TypeError: Not bytes, text or None; nothing is recorded (the effect stays in doubt).
+        TypeError: Not bytes, text, None or :class:`Performed`; nothing is
+            recorded (the effect stays in doubt).
 
     """
+    if isinstance(value, Performed):
+        value = value.result
     if value is None:
         return b""
     if isinstance(value, str):

@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 import grpc
 
 from ._acquire import acquire
-from ._checkpoint import Checkpoint
+from ._checkpoint import Checkpoint, CheckpointLike
 from ._heartbeat import STOP_TIMEOUT_S, HeartbeatKeeper, beat_interval_s
 from ._ports import HoldingClient
 from ._trust import TrustWindow, default_safety_margin
@@ -337,6 +337,7 @@ class HeldLease:
         policy: str,
         request_digest: bytes = b"",
         reconcile: Reconcile | None = None,
+        next_checkpoint: CheckpointLike | None = None,
     ) -> EffectRunner:
         """An effect of this lease's task, run through the effect ledger with this fence.
 
@@ -365,6 +366,12 @@ class HeldLease:
                 when an earlier attempt was never confirmed; returns the outside
                 system's record of the effect, or None if it never happened.
                 None: such an effect raises ``EffectInDoubt``.
+            next_checkpoint: The task's checkpoint after this effect (a
+                :class:`Checkpoint`, or ``(version, data[, content_type])``),
+                saved in the same transaction as its SUCCEEDED outcome: both
+                are stored or neither. The function may return
+                ``Performed(result, external_operation_id)`` to record the
+                outside system's operation id too.
 
         Returns:
             The runner; nothing is sent until it runs.
@@ -374,7 +381,12 @@ class HeldLease:
 
         """
         return EffectRunner(
-            self, effect_key, policy=policy, request_digest=request_digest, reconcile=reconcile
+            self,
+            effect_key,
+            policy=policy,
+            request_digest=request_digest,
+            reconcile=reconcile,
+            next_checkpoint=next_checkpoint,
         )
 
     def remaining_s(self) -> float:

@@ -352,3 +352,35 @@ async def test_a_tasks_history_is_read_oldest_first_across_pages(worker):
         "msg_9",
     )
     assert all(e.event_time is not None for e in entries)
+
+
+async def test_lease_effect_saves_the_next_checkpoint_with_its_outcome(worker):
+    from leasekeeper import Performed
+
+    client = worker()
+    sends: list[str] = []
+    async with client.hold(TASK, ttl=TTL_S) as lease:
+
+        @lease.effect("charge", policy="ONCE", next_checkpoint=(1, b"charged", "text/plain"))
+        async def charge() -> Performed:
+            sends.append("charge")
+            return Performed(b"receipt-7", external_operation_id="pay_7")
+
+        outcome = await charge()
+        again = await charge()  # ALREADY_APPLIED: nothing is charged twice
+
+    assert sends == ["charge"] and (outcome.fresh, again.fresh) == (True, False)
+    assert (outcome.result, outcome.effect.external_operation_id) == (b"receipt-7", "pay_7")
+    saved = await client.get_checkpoint(TASK)
+    assert saved is not None
+    assert (saved.version, saved.data, saved.content_type, saved.fence) == (
+        1,
+        b"charged",
+        "text/plain",
+        lease.fence,
+    )
+    entries = [e async for e in client.iter_task_history(TASK)]
+    completed = [e for e in entries if e.kind is HistoryKind.EFFECT_COMPLETED]
+    assert [(e.effect_key, e.external_operation_id) for e in completed] == [("charge", "pay_7")]
+    checkpoints = [e.checkpoint_version for e in entries if e.kind is HistoryKind.CHECKPOINT_SAVED]
+    assert checkpoints == [1]
