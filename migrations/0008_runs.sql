@@ -90,13 +90,15 @@ CREATE TABLE leasekeeper_history_pruning (
 INSERT INTO leasekeeper_history_pruning (watermark) VALUES (0);
 
 -- The notification payload carries the new columns (Watch shows them), never
--- the checkpoint's data (a payload is at most 8000 bytes), and for a grant
--- that followed an ended lease, that lease's end (previous_end: the time in
--- recovery is claim_time - previous_end; observability/metrics.py).
+-- the checkpoint's data (a payload is at most 8000 bytes); for a grant that
+-- followed an ended lease, that lease's end (previous_end: the time in
+-- recovery is claim_time - previous_end); for a revoke or cancel, whether it
+-- ended a live lease (ended_live; storage/sweeper.py counts lost leases by it).
 DROP FUNCTION leasekeeper_notify_row(text, timestamptz, leasekeeper_tasks);
 CREATE FUNCTION leasekeeper_notify_row(event text, event_time timestamptz,
                                        r leasekeeper_tasks,
-                                       previous_end timestamptz DEFAULT NULL) RETURNS void
+                                       previous_end timestamptz DEFAULT NULL,
+                                       ended_live boolean DEFAULT NULL) RETURNS void
 LANGUAGE sql AS $$
     SELECT pg_notify(
         'leasekeeper_lease',
@@ -119,7 +121,8 @@ LANGUAGE sql AS $$
             'state_reason', r.state_reason,
             'checkpoint_version', r.checkpoint_version,
             'checkpoint_size', octet_length(r.checkpoint_data),
-            'previous_end', previous_end
+            'previous_end', previous_end,
+            'ended_live', ended_live
         )::text
     )
 $$;
@@ -127,10 +130,11 @@ $$;
 -- One event of a task: announced to watchers and written to its history.
 CREATE FUNCTION leasekeeper_task_event(event text, event_time timestamptz,
                                        r leasekeeper_tasks,
-                                       previous_end timestamptz DEFAULT NULL) RETURNS void
+                                       previous_end timestamptz DEFAULT NULL,
+                                       ended_live boolean DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM leasekeeper_notify_row(event, event_time, r, previous_end);
+    PERFORM leasekeeper_notify_row(event, event_time, r, previous_end, ended_live);
     INSERT INTO leasekeeper_task_history
         (namespace, task_id, event_time, kind, fence, owner_id, attempt, reason)
     VALUES (r.namespace, r.task_id, event_time,
@@ -168,9 +172,12 @@ BEGIN
                  THEN OLD.expire_time END);
     ELSIF NEW.state IS DISTINCT FROM OLD.state THEN
         IF NEW.state = 'quarantined' AND NEW.end_reason = 'LEASE_REVOKED' THEN
-            PERFORM leasekeeper_task_event('revoked', NEW.update_time, NEW);
+            PERFORM leasekeeper_task_event('revoked', NEW.update_time, NEW, NULL,
+                                           OLD.expire_time > NEW.update_time);
         END IF;
-        PERFORM leasekeeper_task_event(NEW.state, NEW.update_time, NEW);
+        PERFORM leasekeeper_task_event(
+            NEW.state, NEW.update_time, NEW, NULL,
+            OLD.state = 'held' AND OLD.expire_time > NEW.update_time);
     ELSIF NEW.owner_id IS DISTINCT FROM OLD.owner_id THEN
         PERFORM leasekeeper_task_event('claimed', NEW.claim_time, NEW);
     ELSIF NEW.expiry_announced_fence IS DISTINCT FROM OLD.expiry_announced_fence

@@ -295,6 +295,24 @@ async def test_dashboard_uses_only_metrics_a_real_server_exports(
     assert families - shown == set()
 
 
+def test_dashboard_runs_row_shows_the_run_metrics() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    rows = [i for i, p in enumerate(panels) if p["type"] == "row"]
+    start = next(i for i in rows if panels[i]["title"] == "Runs")
+    end = min([i for i in rows if i > start], default=len(panels))
+    exprs = " ".join(t["expr"] for p in panels[start + 1 : end] for t in p.get("targets", []))
+    for name in (
+        "leasekeeper_leases_lost_total",
+        "leasekeeper_recovery_seconds_bucket",
+        "leasekeeper_tasks_quarantined_total",
+        "leasekeeper_tasks_cancelled_total",
+        "leasekeeper_checkpoint_writes_total",
+        "leasekeeper_checkpoint_bytes_total",
+    ):
+        assert name in exprs, f"the Runs row does not show {name}"
+    assert "histogram_quantile(0.95" in exprs and "histogram_quantile(0.5" in exprs
+
+
 async def test_calls_refused_by_authentication_are_counted(
     database_url: str, namespace: str
 ) -> None:

@@ -21,6 +21,7 @@ from leasekeeper_server.app import LeaseServer
 from tests.conftest import make_settings
 from tests.helpers import poll
 from tests.integration.contract_helpers import grant, heartbeat_on
+from tests.integration.effect_helpers import begin
 
 SERVICE = "leasekeeper.v1.LeaseService"
 
@@ -181,3 +182,91 @@ async def test_no_spans_without_a_tracer_provider(database_url: str, namespace: 
         finally:
             await untraced.stop(0.5)
         assert [s.name for s in exporter.get_finished_spans()] == []
+
+
+async def test_run_spans_carry_checkpoint_effect_attempts_and_disposition(
+    database_url: str, namespace: str
+) -> None:
+    async with traced_server(database_url) as (stub, exporter):
+        claimed = await stub.Claim(
+            pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="owner-a", max_attempts=3)
+        )
+        lease = claimed.lease
+        names = {"namespace": namespace, "task_id": "t", "owner_id": "owner-a"}
+        saved = await stub.SaveCheckpoint(
+            pb.SaveCheckpointRequest(
+                **names, fence=lease.fence, checkpoint=pb.Checkpoint(version=4, data=b"step 4")
+            )
+        )
+        await begin(stub, namespace, lease.fence)
+        await stub.CompleteEffect(
+            pb.CompleteEffectRequest(
+                namespace=namespace,
+                task_id="t",
+                fence=lease.fence,
+                effect_key="send",
+                outcome=pb.EFFECT_STATE_SUCCEEDED,
+                external_operation_id="pay-42",
+                next_checkpoint=pb.Checkpoint(version=5, data=b"step 5"),
+            )
+        )
+        call = stub.Heartbeat()
+        await call.write(
+            pb.HeartbeatRequest(
+                **names, fence=lease.fence, checkpoint=pb.Checkpoint(version=6, data=b"step 6")
+            )
+        )
+        await call.read()
+        await call.done_writing()
+        assert await call.code() == grpc.StatusCode.OK
+        await stub.Release(
+            pb.ReleaseRequest(**names, fence=lease.fence, fail=True, fail_reason="bad input")
+        )
+        claim_span, _ = await rpc_span(exporter, "Claim", "t")
+        save_span, _ = await rpc_span(exporter, "SaveCheckpoint", "t")
+        effect_span, _ = await rpc_span(exporter, "CompleteEffect", "t")
+        beat_span, _ = await rpc_span(exporter, "Heartbeat", "t")
+        release_span, _ = await rpc_span(exporter, "Release", "t")
+
+    claim_attrs = claim_span.attributes or {}
+    assert (claim_attrs["leasekeeper.attempts"], claim_attrs["leasekeeper.max_attempts"]) == (0, 3)
+    save = save_span.attributes or {}
+    assert save["leasekeeper.checkpoint_version"] == 4
+    assert save["leasekeeper.fence"] == lease.fence
+    assert save["leasekeeper.owner_id"] == "owner-a"
+    assert save["leasekeeper.expire_time"] == saved.lease.expire_time.ToJsonString()
+    assert save["leasekeeper.attempts"] == 0
+    effect = effect_span.attributes or {}
+    assert effect["leasekeeper.external_operation_id"] == "pay-42"
+    assert effect["leasekeeper.effect_key"] == "send"
+    assert effect["leasekeeper.checkpoint_version"] == 5
+    assert (beat_span.attributes or {})["leasekeeper.checkpoint_version"] == 6
+    release = release_span.attributes or {}
+    assert release["leasekeeper.disposition"] == "failed"
+    assert release["leasekeeper.checkpoint_version"] == 6
+
+
+async def test_release_and_cancel_spans_name_the_disposition(
+    database_url: str, namespace: str
+) -> None:
+    async with traced_server(database_url) as (stub, exporter):
+        for task_id, complete in (("free", False), ("done", True)):
+            lease = await grant(stub, namespace, task_id, "owner-a")
+            await stub.Release(
+                pb.ReleaseRequest(
+                    namespace=namespace,
+                    task_id=task_id,
+                    owner_id="owner-a",
+                    fence=lease.fence,
+                    complete=complete,
+                )
+            )
+        await grant(stub, namespace, "gone", "owner-a")
+        await stub.Cancel(pb.CancelRequest(namespace=namespace, task_id="gone", reason="ops"))
+        spans = {
+            task_id: (await rpc_span(exporter, method, task_id))[0]
+            for method, task_id in (("Release", "free"), ("Release", "done"), ("Cancel", "gone"))
+        }
+
+    dispositions = {t: (s.attributes or {})["leasekeeper.disposition"] for t, s in spans.items()}
+    assert dispositions == {"free": "released", "done": "completed", "gone": "cancelled"}

@@ -1,4 +1,4 @@
-"""The audit log: one JSON record per grant, release, loss, expiry and revoke.
+"""The audit log: one JSON record per grant, release, loss, expiry, revoke, cancel and retry.
 
 Records go to the logger ``leasekeeper.audit`` at INFO, always as JSON lines
 (``logs.configure`` gives it its own handler: the file ``audit_log``, or
@@ -8,13 +8,19 @@ standard error). Each record has ``event`` and the task's fields:
 event      fields (besides time, level, logger, message)
 =========  ===================================================================
 grant      namespace, task_id, owner_id, fence, expire_time, principal
-release    namespace, task_id, owner_id, fence, complete, principal
+release    namespace, task_id, owner_id, fence, complete, fail, fail_reason
+           (the owner's, with fail only), principal
 loss       namespace, task_id, owner_id, fence, reason, rpc (Renew, Release,
-           Heartbeat: the call that learned of the loss), principal
+           Heartbeat, SaveCheckpoint: the call that learned of the loss),
+           principal
 expired    namespace, task_id, owner_id, fence, expire_time (once per expiry,
            whoever announced it: the sweeper or the change that ended it)
 revoke     namespace, task_id, fence, revoked, reason (the operator's),
            principal
+cancel     namespace, task_id, fence (the task's last), reason (the
+           operator's), principal
+retry      namespace, task_id, fence (the task's last), reason (the
+           operator's), principal
 =========  ===================================================================
 
 ``principal`` is the caller's token name when the server requires tokens,
@@ -106,17 +112,22 @@ class Audit:
         fence: int,
         complete: bool,
         principal: str | None = None,
+        *,
+        fail: bool = False,
+        fail_reason: str | None = None,
     ) -> None:
-        """Records a release (or completion) of a lease by its owner."""
+        """Records a release of a lease by its owner: plain, completing or failing the task."""
         self._write(
             "release",
-            f"release {namespace}/{task_id} fence={fence} complete={complete}",
+            f"release {namespace}/{task_id} fence={fence} complete={complete} fail={fail}",
             {
                 "namespace": namespace,
                 "task_id": task_id,
                 "owner_id": owner_id,
                 "fence": fence,
                 "complete": complete,
+                "fail": fail,
+                "fail_reason": fail_reason,
                 "principal": principal,
             },
         )
@@ -195,6 +206,48 @@ class Audit:
                 "task_id": task_id,
                 "fence": fence,
                 "revoked": revoked,
+                "reason": reason,
+                "principal": principal,
+            },
+        )
+
+    def cancel(
+        self,
+        namespace: str,
+        task_id: str,
+        fence: int,
+        reason: str,
+        principal: str | None = None,
+    ) -> None:
+        """Records a Cancel call answered OK: the task is CANCELLED (``fence``: its last)."""
+        self._write(
+            "cancel",
+            f"cancel {namespace}/{task_id} fence={fence}",
+            {
+                "namespace": namespace,
+                "task_id": task_id,
+                "fence": fence,
+                "reason": reason,
+                "principal": principal,
+            },
+        )
+
+    def retry(
+        self,
+        namespace: str,
+        task_id: str,
+        fence: int,
+        reason: str,
+        principal: str | None = None,
+    ) -> None:
+        """Records a Retry call answered OK: the quarantined task is FREE (``fence``: its last)."""
+        self._write(
+            "retry",
+            f"retry {namespace}/{task_id} fence={fence}",
+            {
+                "namespace": namespace,
+                "task_id": task_id,
+                "fence": fence,
                 "reason": reason,
                 "principal": principal,
             },

@@ -7,9 +7,15 @@ several servers in one process (the tests run many) never share a counter;
 The counts of calls are derived from each call's request, response and status
 by the outermost server interceptor (``observe.py``), so the handlers stay free
 of metric calls. The sweeper and the heartbeat loop report what only they see
-through :meth:`Metrics.expired`, :meth:`Metrics.set_held`,
+through :meth:`Metrics.expired`, :meth:`Metrics.lost`, :meth:`Metrics.recovered`,
+:meth:`Metrics.quarantined`, :meth:`Metrics.cancelled`, :meth:`Metrics.set_held`,
 :meth:`Metrics.set_sweeper_leader` and :meth:`Metrics.loss_told`; the limits
 cache through :meth:`Metrics.set_limits`.
+
+The task events (``leases_expired``, ``leases_lost``, ``recovery_seconds``,
+``tasks_quarantined``, ``tasks_cancelled``) are counted by the elected expiry
+sweeper from the database's notifications (``storage/sweeper.py``): only the
+leader exports them, so a sum over the replicas counts each event once.
 
 Names and labels (every name has the ``leasekeeper_`` prefix; durations in
 seconds; counters end in ``_total``):
@@ -26,7 +32,11 @@ claims_total                        namespace, result          Claim answers: ``
                                                                ``conflict`` (held by another:
                                                                acquired=false; this is the
                                                                claim-conflict count),
-                                                               ``completed``, ``limited``
+                                                               ``completed``,
+                                                               ``quarantined``, ``cancelled``,
+                                                               ``failed`` (FAILED_PRECONDITION
+                                                               with that TASK_ reason),
+                                                               ``limited``
                                                                (RESOURCE_EXHAUSTED), ``error``
                                                                (any other status; namespace
                                                                ``""``)
@@ -46,6 +56,31 @@ effects_total                       event                      effect ledger cal
                                                                reconciliation volume
 leases_expired_total                namespace                  leases whose expire_time passed
                                                                unrenewed (expiry sweeper)
+leases_lost_total                   namespace, reason          leases taken from their owner:
+                                                               ``LEASE_EXPIRED``,
+                                                               ``RUNTIME_EXCEEDED`` (an expiry
+                                                               at the runtime budget's end),
+                                                               ``LEASE_REVOKED``,
+                                                               ``TASK_CANCELLED`` (a revoke or
+                                                               cancel of a live lease; one
+                                                               that had expired counts as
+                                                               expired only) (expiry sweeper)
+recovery_seconds (histogram)        namespace                  time in recovery: from a lease's
+                                                               end (expiry, release, revoke) to
+                                                               the task's next grant, lock delay
+                                                               and quarantine included (expiry
+                                                               sweeper)
+tasks_quarantined_total             namespace                  tasks whose attempts were used up
+                                                               (expiry sweeper)
+tasks_cancelled_total               namespace                  tasks an operator cancelled
+                                                               (expiry sweeper)
+checkpoint_writes_total             namespace, method          checkpoints answered as stored:
+                                                               ``SaveCheckpoint`` and
+                                                               ``CompleteEffect`` (with
+                                                               next_checkpoint) answered OK,
+                                                               ``Heartbeat`` beats whose answer
+                                                               has the version sent
+checkpoint_bytes_total              namespace, method          the data bytes of those writes
 leases_held (gauge)                 namespace                  live leases (expiry sweeper's
                                                                leader)
 sweeper_leader (gauge)                                         1 while this server is the
@@ -120,6 +155,10 @@ LEASE_METHODS = (
     "CompleteEffect",
     "ListEffects",
     "Revoke",
+    "SaveCheckpoint",
+    "Cancel",
+    "Retry",
+    "ListTaskHistory",
     "Watch",
 )
 STREAM_METHODS = ("Heartbeat", "Watch")
@@ -131,6 +170,7 @@ FENCED_METHODS = (
     "Heartbeat",
     "BeginEffect",
     "CompleteEffect",
+    "SaveCheckpoint",
 )
 LIMIT_REASONS = ("LEASE_LIMIT", "CLAIM_RATE_LIMIT")
 
@@ -154,6 +194,25 @@ RPC_BUCKETS_S = (
     30.0,
 )
 LOSS_NOTICE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# From a lock delay's fraction of a second to an operator's Retry hours later.
+RECOVERY_BUCKETS_S = (
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    14400.0,
+)
 
 
 class EffectEvent(enum.StrEnum):
@@ -174,6 +233,9 @@ class ClaimResult(enum.StrEnum):
     ACQUIRED = "acquired"
     CONFLICT = "conflict"
     COMPLETED = "completed"
+    QUARANTINED = "quarantined"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
     LIMITED = "limited"
     ERROR = "error"
 
@@ -260,6 +322,44 @@ class Metrics:
             PREFIX + "leases_expired",
             "Leases whose expire_time passed without a renewal (expiry sweeper).",
             ["namespace"],
+            registry=r,
+        )
+        self._lost = Counter(
+            PREFIX + "leases_lost",
+            "Leases taken from their owner, by reason: LEASE_EXPIRED, RUNTIME_EXCEEDED,"
+            " LEASE_REVOKED, TASK_CANCELLED (expiry sweeper).",
+            ["namespace", "reason"],
+            registry=r,
+        )
+        self._recovery = Histogram(
+            PREFIX + "recovery_seconds",
+            "Time from a lease's end to its task's next grant (s) (expiry sweeper).",
+            ["namespace"],
+            buckets=RECOVERY_BUCKETS_S,
+            registry=r,
+        )
+        self._quarantined = Counter(
+            PREFIX + "tasks_quarantined",
+            "Tasks whose attempts were used up: quarantined (expiry sweeper).",
+            ["namespace"],
+            registry=r,
+        )
+        self._cancelled = Counter(
+            PREFIX + "tasks_cancelled",
+            "Tasks an operator cancelled (expiry sweeper).",
+            ["namespace"],
+            registry=r,
+        )
+        self.checkpoint_writes = Counter(
+            PREFIX + "checkpoint_writes",
+            "Checkpoints answered as stored, by namespace and method.",
+            ["namespace", "method"],
+            registry=r,
+        )
+        self.checkpoint_bytes = Counter(
+            PREFIX + "checkpoint_bytes",
+            "Data bytes of the checkpoints answered as stored, by namespace and method.",
+            ["namespace", "method"],
             registry=r,
         )
         self._sweeper_leader = Gauge(
@@ -379,6 +479,45 @@ class Metrics:
             count: How many leases expired (>= 0).
         """
         self._expired.labels(namespace).inc(count)
+
+    def lost(self, namespace: str, reason: LossReason, count: int = 1) -> None:
+        """Counts leases taken from their owner (``leases_lost_total``; the sweeper's leader).
+
+        Args:
+            namespace: The leases' namespace.
+            reason: LEASE_EXPIRED, RUNTIME_EXCEEDED, LEASE_REVOKED or TASK_CANCELLED.
+            count: How many leases (>= 0).
+        """
+        self._lost.labels(namespace, reason.value).inc(count)
+
+    def recovered(self, namespace: str, seconds: float) -> None:
+        """Observes a task's time in recovery (``recovery_seconds``; the sweeper's leader).
+
+        Args:
+            namespace: The task's namespace.
+            seconds: From its last lease's end to its new grant (database
+                clock); a negative value counts as 0.
+        """
+        self._recovery.labels(namespace).observe(max(0.0, seconds))
+
+    def quarantined(self, namespace: str, count: int = 1) -> None:
+        """Counts tasks whose attempts were used up (``tasks_quarantined_total``; the leader)."""
+        self._quarantined.labels(namespace).inc(count)
+
+    def cancelled(self, namespace: str, count: int = 1) -> None:
+        """Counts tasks an operator cancelled (``tasks_cancelled_total``; the leader)."""
+        self._cancelled.labels(namespace).inc(count)
+
+    def checkpoint_written(self, namespace: str, method: str, size: int) -> None:
+        """Counts one checkpoint answered as stored and its data bytes.
+
+        Args:
+            namespace: The task's namespace (it passed validation).
+            method: SaveCheckpoint, CompleteEffect or Heartbeat.
+            size: The checkpoint's data, bytes.
+        """
+        self.checkpoint_writes.labels(namespace, method).inc()
+        self.checkpoint_bytes.labels(namespace, method).inc(size)
 
     def set_held(self, counts: Mapping[str, int]) -> None:
         """Replaces the whole set of ``leases_held`` series (the sweeper leader's count).

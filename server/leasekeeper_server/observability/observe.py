@@ -5,10 +5,12 @@ response (for a stream: its first message and its last response) and final
 status, and derives from them what ``metrics.py`` lists, the span of
 ``tracing.py`` and the records of ``audit.py``. The handlers stay free of
 observability calls (the effect counts too: from BeginEffect's decision,
-CompleteEffect's recorded state, or the refusal); the one exception is the
-loss-notice time, which only a Heartbeat stream's watchdog sees (the instant
-of the loss is in no request, response or status). Being outermost, it also
-sees the calls an inner interceptor (authentication) refuses.
+CompleteEffect's recorded state, or the refusal; and the checkpoint writes:
+from SaveCheckpoint's and CompleteEffect's requests answered OK, and from
+each Heartbeat beat read with the answer written to it); the one exception
+is the loss-notice time, which only a Heartbeat stream's watchdog sees (the
+instant of the loss is in no request, response or status). Being outermost,
+it also sees the calls an inner interceptor (authentication) refuses.
 
 The final status is read from the call's context after the handler: errors
 leave handlers through ``context.abort`` (``rpc.handling.abort_with``), which sets the
@@ -49,7 +51,7 @@ PREFIX = "/" + SERVICE_NAME + "/"
 _OK = grpc.StatusCode.OK
 _ABORTED = grpc.StatusCode.ABORTED
 _LIMITED = grpc.StatusCode.RESOURCE_EXHAUSTED
-_COMPLETED = grpc.StatusCode.FAILED_PRECONDITION
+_ENDED = grpc.StatusCode.FAILED_PRECONDITION
 _LOSS_PREFIX = "LOSS_REASON_"
 # The codes of an effect call refused before the handler asked the ledger: a
 # malformed or invalid request, or the auth interceptor's refusal. The ledger
@@ -61,6 +63,13 @@ _BEFORE_LEDGER = frozenset(
         grpc.StatusCode.PERMISSION_DENIED,
     )
 )
+# A Claim refused FAILED_PRECONDITION, by ErrorInfo reason: the task has ended or waits.
+_CLAIM_REFUSED = {
+    "TASK_COMPLETED": ClaimResult.COMPLETED,
+    "TASK_QUARANTINED": ClaimResult.QUARANTINED,
+    "TASK_CANCELLED": ClaimResult.CANCELLED,
+    "TASK_FAILED": ClaimResult.FAILED,
+}
 _BEGIN_EVENT = {
     pb.EFFECT_DECISION_PROCEED: EffectEvent.PROCEED,
     pb.EFFECT_DECISION_ALREADY_APPLIED: EffectEvent.ALREADY_APPLIED,
@@ -151,27 +160,39 @@ class _Outcome:
             self.reason = _reason(self.cause, self.context)
 
 
-class _StreamContext:
-    """The real context, with the first message read and each response written recorded."""
+# Called with each response a stream writes: (outcome, the message read last, the response).
+OnWrite = Callable[[_Outcome, Any, Any], None]
 
-    def __init__(self, context: Any, outcome: _Outcome, on_write: Callable[[Any], None]) -> None:
+
+class _StreamContext:
+    """The real context, with the first message read and each response written recorded.
+
+    A Heartbeat answers each message it reads before it reads the next, so
+    the message read last is the one a response answers.
+    """
+
+    def __init__(self, context: Any, outcome: _Outcome, on_write: OnWrite) -> None:
         self._context = context
         self._outcome = outcome
         self._on_write = on_write
+        self._last_read: Any = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
 
     async def read(self) -> Any:
         message = await self._context.read()
-        if self._outcome.first is None and message is not grpc.aio.EOF:
-            self._outcome.first = message
+        if message is not grpc.aio.EOF:
+            if self._outcome.first is None:
+                self._outcome.first = message
+            self._last_read = message
         return message
 
     async def write(self, message: Any) -> None:
         await self._context.write(message)
         self._outcome.response = message
-        self._on_write(message)
+        read, self._last_read = self._last_read, None
+        self._on_write(self._outcome, read, message)
 
 
 # grpc ships no type stubs, so its ServerInterceptor is Any.
@@ -205,6 +226,9 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             "BeginEffect": self._effect_begun,
             "CompleteEffect": self._effect_completed,
             "Revoke": self._revoked,
+            "SaveCheckpoint": self._checkpoint_saved,
+            "Cancel": self._cancelled,
+            "Retry": self._retried,
             "Heartbeat": self._heartbeat_ended,
         }
 
@@ -272,7 +296,7 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 try:
                     return await call(request, context, outcome)
                 finally:
-                    tracing.finish(span, outcome.response, outcome.code, outcome.reason)
+                    tracing.finish(span, outcome.response, outcome.code, outcome.reason, method)
 
         return traced
 
@@ -321,7 +345,7 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     if span is not None:
                         if outcome.first is not None:
                             tracing.add_request(span, outcome.first)
-                        tracing.finish(span, outcome.response, outcome.code, outcome.reason)
+                        tracing.finish(span, outcome.response, outcome.code, outcome.reason, method)
 
         if inspect.isasyncgenfunction(behavior):
 
@@ -378,8 +402,8 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     lease.expire_time.ToJsonString(),
                     o.principal,
                 )
-        elif o.code is _COMPLETED:
-            m.claims.labels(namespace, ClaimResult.COMPLETED).inc()
+        elif o.code is _ENDED and o.reason in _CLAIM_REFUSED:
+            m.claims.labels(namespace, _CLAIM_REFUSED[o.reason]).inc()
         elif o.code is _LIMITED:
             m.claims.labels(namespace, ClaimResult.LIMITED).inc()
         else:
@@ -413,14 +437,29 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             if self._audit.enabled:
                 r = o.request
                 self._audit.release(
-                    r.namespace, r.task_id, r.owner_id, r.fence, r.complete, o.principal
+                    r.namespace,
+                    r.task_id,
+                    r.owner_id,
+                    r.fence,
+                    r.complete,
+                    o.principal,
+                    fail=r.fail,
+                    fail_reason=r.fail_reason if r.fail else None,
                 )
         else:
             self._lost("Release", False, o, o.request)
 
-    def _heartbeat_beat(self, response: Any) -> None:
-        if response.renewed:
+    def _heartbeat_beat(self, o: _Outcome, beat: Any, answer: Any) -> None:
+        """Counts a beat's renewal, and its checkpoint when the answer says it is stored."""
+        if answer.renewed:
             self._beat_renewed.inc()
+        if (
+            isinstance(beat, pb.HeartbeatRequest)
+            and beat.HasField("checkpoint")
+            and answer.checkpoint_version == beat.checkpoint.version
+        ):
+            namespace = getattr(o.first, "namespace", "")
+            self._metrics.checkpoint_written(namespace, "Heartbeat", len(beat.checkpoint.data))
 
     def _heartbeat_ended(self, o: _Outcome) -> None:
         self._lost("Heartbeat", True, o, o.first)
@@ -442,11 +481,16 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             self._effect_refused(o)
 
     def _effect_completed(self, o: _Outcome) -> None:
-        """Counts a CompleteEffect by the outcome recorded: applied (SUCCEEDED) or failed."""
+        """Counts a CompleteEffect by the outcome recorded (applied, failed) and its checkpoint."""
         self._stale("CompleteEffect", o)
         if o.code is _OK:
             applied = o.response.effect.state == pb.EFFECT_STATE_SUCCEEDED
             self._metrics.effect(EffectEvent.APPLIED if applied else EffectEvent.FAILED)
+            r = o.request
+            if r.HasField("next_checkpoint"):
+                self._metrics.checkpoint_written(
+                    r.namespace, "CompleteEffect", len(r.next_checkpoint.data)
+                )
         else:
             self._effect_refused(o)
 
@@ -463,6 +507,25 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 r.namespace, r.task_id, lease.fence, o.response.revoked, r.reason, o.principal
             )
 
+    def _checkpoint_saved(self, o: _Outcome) -> None:
+        if o.code is _OK:
+            r = o.request
+            self._metrics.checkpoint_written(r.namespace, "SaveCheckpoint", len(r.checkpoint.data))
+        else:
+            self._lost("SaveCheckpoint", False, o, o.request)
 
-def _ignore(message: Any) -> None:
+    def _cancelled(self, o: _Outcome) -> None:
+        if o.code is _OK and self._audit.enabled:
+            r = o.request
+            lease = o.response.lease
+            self._audit.cancel(r.namespace, r.task_id, lease.fence, r.reason, o.principal)
+
+    def _retried(self, o: _Outcome) -> None:
+        if o.code is _OK and self._audit.enabled:
+            r = o.request
+            lease = o.response.lease
+            self._audit.retry(r.namespace, r.task_id, lease.fence, r.reason, o.principal)
+
+
+def _ignore(o: _Outcome, read: Any, message: Any) -> None:
     pass

@@ -9,12 +9,19 @@ parented on the caller's W3C ``traceparent`` metadata when sent) carries
 ``rpc.system``, ``rpc.service``, ``rpc.method``, ``rpc.grpc.status_code`` and
 the task's fields as the request and the response give them:
 ``leasekeeper.namespace``, ``leasekeeper.task_id``, ``leasekeeper.owner_id``,
-``leasekeeper.fence`` and ``leasekeeper.expire_time`` (RFC 3339, database
-clock), plus ``leasekeeper.reason`` (the ErrorInfo reason) on errors,
-``leasekeeper.acquired`` for Claim and ``leasekeeper.valid`` for
-ValidateFence. Its status is ERROR only for the codes that mean a server
-fault (as the OpenTelemetry gRPC conventions say); ABORTED and the other
-outcomes a caller provoked leave it unset.
+``leasekeeper.fence``, ``leasekeeper.effect_key``,
+``leasekeeper.external_operation_id`` (CompleteEffect),
+``leasekeeper.checkpoint_version`` (the version sent, replaced by the one the
+answer says is stored), and from the answer's lease ``leasekeeper.expire_time``
+(RFC 3339, database clock), ``leasekeeper.attempts`` and
+``leasekeeper.max_attempts`` (when the lease has a limit); plus
+``leasekeeper.reason`` (the ErrorInfo reason) on errors,
+``leasekeeper.acquired`` for Claim, ``leasekeeper.valid`` for ValidateFence,
+``leasekeeper.revoked`` for Revoke, and ``leasekeeper.disposition``, how a
+call answered OK left the task: ``released``, ``completed`` or ``failed``
+for Release, ``cancelled`` for Cancel. Its status is ERROR only for the codes
+that mean a server fault (as the OpenTelemetry gRPC conventions say); ABORTED
+and the other outcomes a caller provoked leave it unset.
 
 SQL spans come from ``opentelemetry-instrumentation-asyncpg``, which patches
 asyncpg once per process. Its tracer is routed, through a context variable
@@ -36,6 +43,7 @@ import grpc
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper_server.rpc.service import SERVICE_NAME
 from leasekeeper_server.settings import Settings
 
@@ -52,6 +60,17 @@ _SERVER_FAULTS = frozenset(
         grpc.StatusCode.DATA_LOSS,
     }
 )
+
+# How a call answered OK left its task (``leasekeeper.disposition``), by method and
+# the answer's task state.
+_DISPOSITIONS = {
+    ("Release", pb.TASK_STATE_FREE): "released",
+    ("Release", pb.TASK_STATE_COMPLETED): "completed",
+    ("Release", pb.TASK_STATE_FAILED): "failed",
+    ("Cancel", pb.TASK_STATE_CANCELLED): "cancelled",
+}
+# The fields of a request that may carry a checkpoint.
+_CHECKPOINT_FIELDS = ("checkpoint", "next_checkpoint")
 
 _sql_tracer: contextvars.ContextVar[trace.Tracer | None] = contextvars.ContextVar(
     "leasekeeper_sql_tracer", default=None
@@ -175,13 +194,16 @@ class RpcTracing:
 
 def add_request(span: trace.Span, request: object) -> None:
     """Sets the task's fields named by a request (or a stream's first message) on ``span``."""
-    for field in ("namespace", "task_id", "owner_id", "effect_key"):
+    for field in ("namespace", "task_id", "owner_id", "effect_key", "external_operation_id"):
         value = _text(getattr(request, field, None))
         if value is not None:
             span.set_attribute(f"leasekeeper.{field}", value)
     fence = getattr(request, "fence", 0)
     if isinstance(fence, int) and fence:
         span.set_attribute("leasekeeper.fence", fence)
+    for field in _CHECKPOINT_FIELDS:
+        if _has(request, field):
+            span.set_attribute("leasekeeper.checkpoint_version", getattr(request, field).version)
 
 
 def finish(
@@ -189,6 +211,7 @@ def finish(
     response: Any,
     code: grpc.StatusCode,
     reason: str | None,
+    method: str = "",
 ) -> None:
     """Sets the answer's attributes and the status on a call's span.
 
@@ -197,6 +220,7 @@ def finish(
         response: The response message (for a stream, its last one), or None.
         code: The call's final status code.
         reason: The ErrorInfo reason for a non-OK status, when known.
+        method: The method's name (``Release``), for the disposition.
     """
     span.set_attribute("rpc.grpc.status_code", code.value[0])
     if reason:
@@ -218,3 +242,22 @@ def finish(
         span.set_attribute("leasekeeper.fence", fence)
     if _has(holder, "expire_time"):
         span.set_attribute("leasekeeper.expire_time", holder.expire_time.ToJsonString())
+    version = _stored_version(response, holder)
+    if version:
+        span.set_attribute("leasekeeper.checkpoint_version", version)
+    if isinstance(holder, pb.Lease):
+        span.set_attribute("leasekeeper.attempts", holder.attempts)
+        if holder.max_attempts:
+            span.set_attribute("leasekeeper.max_attempts", holder.max_attempts)
+        disposition = _DISPOSITIONS.get((method, holder.state))
+        if disposition is not None and code is grpc.StatusCode.OK:
+            span.set_attribute("leasekeeper.disposition", disposition)
+
+
+def _stored_version(response: Any, holder: Any) -> int:
+    """The checkpoint version an answer says is stored (0: it says none)."""
+    if _has(response, "checkpoint"):
+        version: int = response.checkpoint.version
+        return version
+    stored = getattr(holder, "checkpoint_version", 0)  # a Lease, a HeartbeatResponse
+    return stored if isinstance(stored, int) else 0

@@ -11,9 +11,11 @@ A lease claimed again, released, completed or revoked before the sweeper
 came by is announced by that change instead (the trigger sends its
 ``expired`` just before the change's own event; migrations/0006), so the
 leader counts and audits expiries from the notifications themselves, not
-from its own sweeps: every expiry once, whoever announced it. (While the
-leader's notification connection is down, counts can be missed; the events
-and the state in the database cannot.)
+from its own sweeps: every expiry once, whoever announced it. From the same
+notifications it counts the other task events of ``observability/metrics.py``
+(leases lost by reason, time in recovery, quarantines, cancellations), each
+once. (While the leader's notification connection is down, counts can be
+missed; the events and the state in the database cannot.)
 
 Election: the replica whose dedicated connection holds the session advisory
 lock ``SWEEPER_LOCK_ID`` sweeps; the others try to take the lock every sweep
@@ -35,9 +37,12 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from datetime import datetime
+from typing import Any
 
 import asyncpg
 
+from leasekeeper_server.core.model import LossReason
 from leasekeeper_server.observability.audit import Audit
 from leasekeeper_server.observability.metrics import Metrics
 from leasekeeper_server.settings import Settings
@@ -53,6 +58,7 @@ SWEEPER_LOCK_ID = 0x1EA5E_5EE9
 # Most leases announced per statement; a full batch is followed at once by another.
 SWEEP_BATCH = 1000
 HELD_EVERY_SWEEPS = 5
+_ENDS_BY = {"revoked": LossReason.LEASE_REVOKED, "cancelled": LossReason.TASK_CANCELLED}
 
 _ERRORS = driver_errors.BACKGROUND
 
@@ -76,12 +82,13 @@ class ExpirySweeper:
         self._task: asyncio.Task[None] | None = None
         self._counter: asyncio.Task[None] | None = None
         self._audit = Audit()
+        # The last event counted: (event, namespace, task_id, fence), or None.
         self.is_leader = False
 
     def start(self) -> None:
-        """Starts running for leadership, and counting expiries, in the background."""
+        """Starts running for leadership, and counting task events, in the background."""
         self._task = asyncio.create_task(self._run(), name="leasekeeper-sweeper")
-        self._counter = asyncio.create_task(self._count_expiries(), name="leasekeeper-expiries")
+        self._counter = asyncio.create_task(self._count_events(), name="leasekeeper-task-events")
 
     async def stop(self) -> None:
         """Stops; the lock goes with the connection."""
@@ -92,31 +99,66 @@ class ExpirySweeper:
                     await task
         self._set_leader(False)
 
-    async def _count_expiries(self) -> None:
-        """While leader: one count and one audit record per announced expiry."""
+    async def _count_events(self) -> None:
+        """While leader: the task-event metrics, and one audit record per announced expiry."""
         with self._events.subscribe(None, None) as every_event:
             while True:
                 await every_event.ready.wait()
                 _gap, events = every_event.take()
                 if self.is_leader:
-                    self._record(events)
+                    try:
+                        self._record(events)
+                    except Exception:  # a payload it cannot read: counting goes on
+                        log.exception("counting task events failed")
 
-    def _record(self, events: list[dict[str, object]]) -> None:
-        per_namespace: Counter[str] = Counter()
+    def _record(self, events: list[dict[str, Any]]) -> None:
+        """Counts one batch of notifications (payloads of migrations/0008), in commit order.
+
+        expired: ``leases_expired`` and ``leases_lost`` (RUNTIME_EXCEEDED when
+        the expiry was the runtime budget's end, else LEASE_EXPIRED), and its
+        audit record. revoked, cancelled: ``leases_lost`` (LEASE_REVOKED,
+        TASK_CANCELLED) when they ended a live lease (the payload's
+        ``ended_live``, judged by the trigger at the change's instant); a
+        lease that had expired was lost to its expiry, and a cancelled task
+        without a lease lost none.
+        claimed after an ended lease (``previous_end``): ``recovery_seconds``.
+        quarantined, cancelled: ``tasks_quarantined``, ``tasks_cancelled``.
+        """
+        expired: Counter[str] = Counter()
+        lost: Counter[tuple[str, LossReason]] = Counter()
+        quarantined: Counter[str] = Counter()
+        cancelled: Counter[str] = Counter()
         for data in events:
-            if data.get("event") != "expired":
-                continue
-            namespace = str(data["namespace"])
-            per_namespace[namespace] += 1
-            self._audit.expired(
-                namespace,
-                str(data["task_id"]),
-                str(data["owner_id"]),
-                int(str(data["fence"])),
-                str(data["expire_time"]),
-            )
-        for namespace, count in per_namespace.items():
+            event = data.get("event")
+            namespace = str(data.get("namespace"))
+            if event == "expired":
+                expired[namespace] += 1
+                lost[namespace, _expiry_reason(data)] += 1
+                self._audit.expired(
+                    namespace,
+                    str(data["task_id"]),
+                    str(data["owner_id"]),
+                    int(str(data["fence"])),
+                    str(data["expire_time"]),
+                )
+            elif event in _ENDS_BY and data.get("ended_live"):
+                lost[namespace, _ENDS_BY[event]] += 1
+            elif event == "claimed" and data.get("previous_end"):
+                ended = _instant(data["previous_end"])
+                granted = _instant(data["claim_time"])
+                self._metrics.recovered(namespace, (granted - ended).total_seconds())
+            if event == "quarantined":
+                quarantined[namespace] += 1
+            elif event == "cancelled":
+                cancelled[namespace] += 1
+        for namespace, count in expired.items():
             self._metrics.expired(namespace, count)
+        for (namespace, reason), count in lost.items():
+            self._metrics.lost(namespace, reason, count)
+        for namespace, count in quarantined.items():
+            self._metrics.quarantined(namespace, count)
+        for namespace, count in cancelled.items():
+            self._metrics.cancelled(namespace, count)
 
     def _set_leader(self, leader: bool) -> None:
         if leader != self.is_leader:
@@ -178,3 +220,16 @@ class ExpirySweeper:
     async def _count_held(self, conn: asyncpg.Connection) -> None:
         rows = await conn.fetch(self._store.sql["held_by_namespace"])
         self._metrics.set_held({r["namespace"]: r["held"] for r in rows})
+
+
+def _instant(value: object) -> datetime:
+    """A notification's timestamp (PostgreSQL's JSON text of a timestamptz)."""
+    return datetime.fromisoformat(str(value))
+
+
+def _expiry_reason(data: dict[str, Any]) -> LossReason:
+    """RUNTIME_EXCEEDED when an expiry was the runtime budget's end, else LEASE_EXPIRED."""
+    deadline = data.get("runtime_deadline")
+    if deadline and _instant(data["expire_time"]) >= _instant(deadline):
+        return LossReason.RUNTIME_EXCEEDED
+    return LossReason.LEASE_EXPIRED
