@@ -25,6 +25,20 @@ Act 2, the effect ledger, on a new task (same server and gateway), with
 4. the gateway's table holds exactly one send for the task (fence 1), and the
    ledger's record is SUCCEEDED, reserved by fence 1 and completed by fence 2.
 
+Act 3, a run that survives its worker, on a third task, with ``run_worker.py``
+workers that run the task in 4 steps, each step's part published through the
+gateway with ``lease.effect(..., next_checkpoint=N)`` (outcome and checkpoint
+in one transaction):
+
+1. worker A claims the task (fence 1), runs steps 1 and 2 (checkpoints 1 and 2
+   saved with their effects) and is killed with SIGKILL during step 3;
+2. A's lease expires; worker B claims the task (fence 2), receives checkpoint 2
+   with the grant and resumes at step 3;
+3. A's checkpoint write for step 3, replayed with its old fence, is refused;
+4. B runs steps 3 and 4 and completes the task; the gateway holds parts 1-2
+   from fence 1 and parts 3-4 from fence 2, each once; the task's history is
+   printed.
+
 Exits 0 only if all of that happened; every process is stopped at the end.
 """
 
@@ -46,14 +60,17 @@ from typing import Any
 
 from gateway import read_sends
 from ledger_worker import Exit as LedgerExit
+from run_worker import Exit as RunExit
 from worker import Exit
 
-from leasekeeper import LeaseClient
+from leasekeeper import LeaseClient, LeaseLost
 
 HERE = Path(__file__).resolve().parent
 TTL_S = 2.0
 WORK_S = 1.0
 LEDGER_TTL_S = 1.0  # act 2: A is killed, so its lease only ends by its ttl
+RUN_TTL_S = 1.0  # act 3: the same
+RUN_STEPS = 4
 START_TIMEOUT_S = 30.0
 STEP_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
@@ -207,6 +224,7 @@ class Demo:
         self.namespace = f"demo-{uuid.uuid4().hex[:8]}"
         self.task_id = "contract-summary-r42"
         self.ledger_task_id = "contract-summary-r43"  # act 2's task
+        self.run_task_id = "quarterly-report-r44"  # act 3's task
         self.target = ""  # the lease service's host:port, once it listens
         self.ledger_path = workdir / "gateway.sqlite3"
         self.children: list[Child] = []
@@ -247,6 +265,14 @@ class Demo:
         argv += ["--task-id", self.ledger_task_id, "--ttl-s", str(LEDGER_TTL_S)]
         return [*argv, "--wait-s", str(STEP_TIMEOUT_S), *flags]
 
+    def run_worker_argv(self, name: str, gateway: str, *flags: str) -> list[str]:
+        """The command line of act 3's worker ``name`` (``run_worker.py``)."""
+        argv = [sys.executable, str(HERE / "run_worker.py"), "--name", name]
+        argv += ["--target", self.target, "--gateway", gateway, "--namespace", self.namespace]
+        argv += ["--task-id", self.run_task_id, "--ttl-s", str(RUN_TTL_S)]
+        argv += ["--steps", str(RUN_STEPS), "--wait-s", str(STEP_TIMEOUT_S)]
+        return [*argv, *flags]
+
     async def start_services(self) -> str:
         """Start the lease service and the gateway; returns the gateway's address."""
         # Port 0: the server picks a free port and logs it (INFO, on stderr).
@@ -282,6 +308,7 @@ class Demo:
         gateway = await self.start_services()
         await self.act_paused_worker(gateway)
         await self.act_crashed_worker(gateway)
+        await self.act_resumed_run(gateway)
 
     async def act_paused_worker(self, gateway: str) -> None:
         """Act 1, the seed's scenario: a paused worker cannot send."""
@@ -401,6 +428,99 @@ class Demo:
             show_send(row)
         self.check([row["fence"] for row in sends] == [1], "exactly one send, made with fence 1")
 
+    async def act_resumed_run(self, gateway: str) -> None:
+        """Act 3, checkpoints: a replacement resumes where a killed worker stopped."""
+        env, task = dict(os.environ), self.run_task_id
+        narrate(
+            f"Act 3, a run that survives its worker: worker A runs {self.namespace}/{task} in "
+            f"{RUN_STEPS} steps, saving each step's checkpoint with its effect"
+        )
+        a = await self.spawn(
+            "worker A", self.run_worker_argv("A", gateway, "--stop-in-step", "3"), env
+        )
+        claimed = await a.wait_for(r"claimed .*fence=(\d+) owner=(\S+) checkpoint=none")
+        await a.wait_for(r"in step 3$")
+        a.signal(signal.SIGKILL)
+        a_code = await a.exit_code()
+        a_fence, a_owner = int(claimed.group(1)), claimed.group(2)
+        narrate("A saved checkpoints 1 and 2 and is killed with SIGKILL during step 3")
+        self.check(a.has(r"step 2 done") and a_code == -signal.SIGKILL, "A did steps 1-2, killed")
+
+        waited_s = await wait_until_expired(self.target, self.namespace, task)
+        narrate(f"A's lease expired on the database clock ({waited_s:.1f} s later): state EXPIRED")
+
+        narrate("Worker B claims the task and receives the checkpoint with the grant")
+        b = await self.spawn("worker B", self.run_worker_argv("B", gateway), env)
+        resumed = await b.wait_for(
+            r"claimed .*fence=(\d+) .*checkpoint=(\d+) -> starting at step (\d+)"
+        )
+        self.check(
+            (int(resumed.group(1)), resumed.group(2), resumed.group(3)) == (a_fence + 1, "2", "3"),
+            f"B holds fence {a_fence + 1}, received checkpoint 2 and resumes at step 3",
+        )
+
+        narrate(f"A's checkpoint write for step 3, replayed with its old fence {a_fence}")
+        async with LeaseClient(self.target, namespace=self.namespace, owner_id=a_owner) as client:
+            try:
+                await client.save_checkpoint(task, a_fence, 3, b'{"step": 3}')
+                refused = "accepted"
+            except LeaseLost as lost:
+                refused = str(lost.reason)
+        print(f"   {'leases':>8} | SaveCheckpoint fence={a_fence} -> {refused}", flush=True)
+        stale = refused in ("LEASE_SUPERSEDED", "TASK_COMPLETED")
+        self.check(stale, f"A's late checkpoint was refused ({refused})")
+
+        b_code = await b.exit_code()
+        self.check(b_code == RunExit.COMPLETED, f"B exited {b_code} (COMPLETED)")
+        self.check(not b.has(r"step [12] done"), "B did not redo steps 1 and 2")
+        await self.check_run_table_and_history(a_fence)
+
+    async def check_run_table_and_history(self, a_fence: int) -> None:
+        """Act 3's parts in the gateway's table, the stored checkpoint and the task's history."""
+        task = self.run_task_id
+        narrate(f"The gateway's table of sends, for {task}")
+        sends = [
+            row
+            for row in read_sends(self.ledger_path)
+            if (row["namespace"], row["task_id"]) == (self.namespace, task)
+        ]
+        for row in sends:
+            show_send(row)
+        parts = [(row["message"].split()[2], row["fence"]) for row in sends]
+        b_fence = a_fence + 1
+        expected = [("1", a_fence), ("2", a_fence), ("3", b_fence), ("4", b_fence)]
+        self.check(parts == expected, "parts 1-2 from A's fence, 3-4 from B's, each once")
+
+        narrate(f"The task's history (ListTaskHistory; `leasekeeper tasks history {task}`)")
+        async with LeaseClient(self.target, namespace=self.namespace) as client:
+            saved = await client.get_checkpoint(task)
+            entries = [entry async for entry in client.iter_task_history(task)]
+            final = await client.get_lease(task)
+        for e in entries:
+            detail = " ".join(
+                f"{name}={value}"
+                for name, value in (
+                    ("owner", e.owner_id),
+                    ("attempt", e.attempt),
+                    ("checkpoint", e.checkpoint_version),
+                    ("effect", e.effect_key),
+                    ("operation", e.external_operation_id),
+                    ("reason", e.reason),
+                    ("method", e.method),
+                )
+                if value
+            )
+            print(f"   {'history':>8} | {e.kind:<17} fence={e.fence} {detail}", flush=True)
+        self.check(
+            saved is not None and (saved.version, saved.fence) == (RUN_STEPS, b_fence),
+            f"checkpoint {RUN_STEPS} stored, written by fence {b_fence}",
+        )
+        kinds = [str(e.kind) for e in entries]
+        self.check(
+            final.state == "COMPLETED" and kinds.count("CHECKPOINT_SAVED") == RUN_STEPS,
+            f"the task is COMPLETED; its history shows {RUN_STEPS} checkpoints and every grant",
+        )
+
 
 @contextlib.asynccontextmanager
 async def demo_in(workdir: Path) -> AsyncIterator[Demo]:
@@ -439,7 +559,7 @@ async def main() -> int:
             return 1
         print(
             f"\ndemo OK ({elapsed_s:.1f} s): the stale worker was fenced off; "
-            "the crashed worker's send was not repeated.",
+            "the crashed worker's send was not repeated; the killed worker's run was resumed.",
             flush=True,
         )
         return 0

@@ -146,7 +146,7 @@ def test_demo_runs_the_scenario_and_exits_zero():
         [sys.executable, str(EXAMPLES_DIR / "demo.py")],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         env=env,
         check=False,
     )
@@ -170,11 +170,24 @@ def test_demo_runs_the_scenario_and_exits_zero():
         r"worker B: reconcile: found send_id=2 fence=1 count=1",
         r"worker B: exit 5 \(RECONCILED\)",
         r"ledger \| effect_key='summary' state=SUCCEEDED fence=1 complete_fence=2 ",
+        # Act 3: A saves checkpoints 1-2, is killed in step 3; B resumes at 3 from checkpoint 2.
+        r"worker A: step 2 done: .* checkpoint 2 saved with it \(fence 1\)",
+        r"worker A: in step 3",
+        r"worker B: claimed task=\S+ fence=2 .*checkpoint=2 -> starting at step 3",
+        r"SaveCheckpoint fence=1 -> (LEASE_SUPERSEDED|TASK_COMPLETED)",
+        r"worker B: exit 0 \(COMPLETED\)",
+        r"history \| COMPLETED +fence=2",
         r"demo OK",
     ):
         assert re.search(key_line, out), f"missing /{key_line}/ in:\n{out}"
     assert "FAILED" not in out
     # Exactly one send per act: act 1's by fence 2, act 2's by A's fence 1 (not repeated by B).
     sends = re.findall(r"table \| send_id=\d+ task=\S+/(\S+) fence=(\d+)", out)
-    assert sends == [("contract-summary-r42", "2"), ("contract-summary-r43", "1")], out
-    assert not re.search(r"worker B: send ", out.split("Act 2")[1])
+    run = "quarterly-report-r44"  # act 3: parts 1-2 by A's fence, 3-4 by B's, each once
+    assert sends == [
+        ("contract-summary-r42", "2"),
+        ("contract-summary-r43", "1"),
+        *[(run, "1"), (run, "1"), (run, "2"), (run, "2")],
+    ], out
+    assert not re.search(r"worker B: send ", out.split("Act 2")[1].split("Act 3")[0])
+    assert not re.search(r"worker B: step [12] done", out.split("Act 3")[1])
