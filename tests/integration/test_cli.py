@@ -149,6 +149,8 @@ async def test_leases_list_default_prints_an_aligned_table_of_every_task(server,
         "REMAINING_TTL",
         "EXPIRE_TIME",
         "CLAIM_TIME",
+        "ATTEMPTS",
+        "CHECKPOINT",
         "END_REASON",
     ]
     by_task = {row[0]: row for row in rows}

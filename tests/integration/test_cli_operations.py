@@ -427,6 +427,7 @@ async def test_limits_set_list_clear_round_trip(database_url, db, namespace):
         "CLAIMS_PER_SECOND",
         "BURST",
         "LOCK_DELAY",
+        "MAX_ATTEMPTS",
         "UPDATE_TIME",
     ]
     assert next(r for r in rows if r[0] == namespace)[1:5] == ["5", "2.5", "4", "1.5s"]
@@ -622,6 +623,8 @@ async def test_tls_options_reach_a_mutual_tls_server(database_url, tmp_path, nam
             "REMAINING_TTL",
             "EXPIRE_TIME",
             "CLAIM_TIME",
+            "ATTEMPTS",
+            "CHECKPOINT",
             "END_REASON",
         ]
         # Without a client certificate the handshake fails: one line, exit 1.

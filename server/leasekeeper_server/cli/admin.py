@@ -7,9 +7,9 @@
     leasekeeper tokens list
     leasekeeper tokens revoke TOKEN_ID
     leasekeeper limits set NS [--max-leases N] [--claims-per-second R] [--burst B]
-                              [--lock-delay SECONDS]
+                              [--lock-delay SECONDS] [--max-attempts N]
     leasekeeper limits clear NS (--max-leases | --claims-per-second | --burst |
-                                 --lock-delay | --all) ...
+                                 --lock-delay | --max-attempts | --all) ...
     leasekeeper limits list
 
 They find the database as ``serve`` and ``migrate`` do: ``LEASEKEEPER_DATABASE_URL``,
@@ -52,6 +52,7 @@ LIMIT_COLUMNS = (
     "claims_per_second",
     "burst",
     "lock_delay",
+    "max_attempts",
     "update_time",
 )
 # Field names (as limits_admin and tokens name them) -> the options that set them.
@@ -60,6 +61,7 @@ OPTION_OF = {
     "claims_per_second": "--claims-per-second",
     "burst": "--burst",
     "lock_delay_s": "--lock-delay",
+    "max_attempts": "--max-attempts",
     "name": "--name",
     "role": "--role",
     "namespaces": "--namespace",
@@ -154,6 +156,7 @@ async def _limits(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
                 claims_per_second=args.claims_per_second,
                 burst=args.burst,
                 lock_delay_s=args.lock_delay,
+                max_attempts=args.max_attempts,
             )
         elif args.limits_command == "clear":
             every = args.all
@@ -164,6 +167,7 @@ async def _limits(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
                 claims_per_second=every or args.claims_per_second,
                 burst=every or args.burst,
                 lock_delay=every or args.lock_delay,
+                max_attempts=every or args.max_attempts,
             )
         else:
             rows = [dataclasses.asdict(row) for row in await limits_admin.list_limits(conn)]
@@ -306,7 +310,7 @@ def add_commands(commands: Any) -> None:
 
     limits = commands.add_parser(
         "limits",
-        help="per-namespace limits (live leases, claim rate, lock delay)",
+        help="per-namespace limits (live leases, claim rate, lock delay, attempts)",
         description="Set, clear and list per-namespace limits (in the database); every "
         "server applies a change at once.",
     )
@@ -337,6 +341,13 @@ def add_commands(commands: Any) -> None:
         metavar="SECONDS",
         help="how long an expired lease's task stays unclaimable",
     )
+    setting.add_argument(
+        "--max-attempts",
+        type=_number(int, 1, low_open=False),
+        metavar="N",
+        help="the attempt limit of claims that set none: after N leases of a task end "
+        "without a release, it is QUARANTINED until `leasekeeper retry` or `cancel`",
+    )
     clear = sub.add_parser("clear", help="clear some of a namespace's limits", parents=[common])
     clear.add_argument("namespace")
     for flag, what in (
@@ -344,6 +355,7 @@ def add_commands(commands: Any) -> None:
         ("--claims-per-second", "the claim rate limit (and its burst)"),
         ("--burst", "the burst (back to max(1, R))"),
         ("--lock-delay", "the lock delay (back to 0)"),
+        ("--max-attempts", "the default attempt limit (claims without one carry none)"),
         ("--all", "every limit (removes the namespace's row)"),
     ):
         clear.add_argument(flag, action="store_true", help=f"clear {what}")

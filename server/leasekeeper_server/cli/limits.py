@@ -8,8 +8,8 @@ server reloads its cache at once. The claim bucket's state (``bucket_tokens``,
 ``bucket_time``) is left to the claims, except that a change of the rate or
 the burst resets it to a full bucket.
 
-A namespace without a row has no limits and no lock delay; a row left with
-nothing set is removed.
+A namespace without a row has no limits, no lock delay and no default
+attempt limit; a row left with nothing set is removed.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ MAX_NAMESPACE_BYTES = 1024  # above any id a server allows (settings.MAX_ID_BYTE
 MAX_LEASES_CAP = 2**31 - 1  # the column is a PostgreSQL integer
 MAX_CLAIMS_PER_SECOND = 1e9
 MAX_LOCK_DELAY_S = 86400.0 * 365
+MAX_ATTEMPTS_CAP = 1_000_000  # ClaimRequest.max_attempts's bound
 
 
 class LimitsError(ValueError):
@@ -35,7 +36,8 @@ class LimitsError(ValueError):
 
     Attributes:
         field: the limit's name (``namespace``, ``max_leases``,
-            ``claims_per_second``, ``burst``, ``lock_delay_s``).
+            ``claims_per_second``, ``burst``, ``lock_delay_s``,
+            ``max_attempts``).
     """
 
     def __init__(self, field: str, message: str) -> None:
@@ -55,6 +57,8 @@ class LimitsRow:
         burst: the bucket's size in claims; None for the default
             ``max(1, claims_per_second)``.
         lock_delay: how long an expired lease's task stays unclaimable.
+        max_attempts: the attempt limit of a grant whose claim sends none;
+            None for no limit.
         update_time: when the row last changed (database clock).
     """
 
@@ -63,6 +67,7 @@ class LimitsRow:
     claims_per_second: float | None
     burst: float | None
     lock_delay: timedelta
+    max_attempts: int | None
     update_time: datetime
 
 
@@ -77,6 +82,7 @@ def _row(record: asyncpg.Record) -> LimitsRow:
         claims_per_second=record["claims_per_second"],
         burst=record["claim_burst"],
         lock_delay=record["lock_delay"],
+        max_attempts=record["max_attempts"],
         update_time=record["update_time"],
     )
 
@@ -97,29 +103,37 @@ def _check_number(field: str, value: float, low: float, high: float, low_open: b
         raise LimitsError(field, f"must be {bound} and at most {high:g} (got {value!r})")
 
 
+def _check_whole(field: str, value: int, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LimitsError(field, f"must be a whole number (got {value!r})")
+    _check_number(field, value, low, high, low_open=False)
+
+
 def check_limits(
     max_leases: int | None = None,
     claims_per_second: float | None = None,
     burst: float | None = None,
     lock_delay_s: float | None = None,
+    max_attempts: int | None = None,
 ) -> None:
     """Checks limit values without touching the database (None: not given).
 
     Raises:
         LimitsError: a value out of bounds, naming it: ``max_leases`` a whole
             number in [0, 2^31-1]; ``claims_per_second`` in (0, 1e9];
-            ``burst`` in [1, 1e9]; ``lock_delay_s`` in [0, one year] seconds.
+            ``burst`` in [1, 1e9]; ``lock_delay_s`` in [0, one year] seconds;
+            ``max_attempts`` a whole number in [1, 1000000].
     """
     if max_leases is not None:
-        if isinstance(max_leases, bool) or not isinstance(max_leases, int):
-            raise LimitsError("max_leases", f"must be a whole number (got {max_leases!r})")
-        _check_number("max_leases", max_leases, 0, MAX_LEASES_CAP, low_open=False)
+        _check_whole("max_leases", max_leases, 0, MAX_LEASES_CAP)
     if claims_per_second is not None:
         _check_number("claims_per_second", claims_per_second, 0, MAX_CLAIMS_PER_SECOND, True)
     if burst is not None:
         _check_number("burst", burst, 1, MAX_CLAIMS_PER_SECOND, low_open=False)
     if lock_delay_s is not None:
         _check_number("lock_delay_s", lock_delay_s, 0, MAX_LOCK_DELAY_S, low_open=False)
+    if max_attempts is not None:
+        _check_whole("max_attempts", max_attempts, 1, MAX_ATTEMPTS_CAP)
 
 
 async def set_limits(
@@ -130,6 +144,7 @@ async def set_limits(
     claims_per_second: float | None = None,
     burst: float | None = None,
     lock_delay_s: float | None = None,
+    max_attempts: int | None = None,
 ) -> LimitsRow:
     """Sets some of a namespace's limits, keeping the others. Atomic; idempotent.
 
@@ -141,6 +156,10 @@ async def set_limits(
         burst: claim bucket size, in claims; needs a rate (given now or set before).
         lock_delay_s: how long, in seconds, an expired lease's task stays
             unclaimable.
+        max_attempts: the attempt limit of a grant whose claim sends none
+            (ClaimRequest.max_attempts 0): that many leases ended without a
+            release quarantine the task. Applies to grants made after the
+            change.
 
     Returns:
         The namespace's limits after the change.
@@ -151,8 +170,9 @@ async def set_limits(
         asyncpg.PostgresError: the statement failed (e.g. schema not migrated).
     """
     _check_namespace(namespace)
-    check_limits(max_leases, claims_per_second, burst, lock_delay_s)
-    if (max_leases, claims_per_second, burst, lock_delay_s) == (None, None, None, None):
+    check_limits(max_leases, claims_per_second, burst, lock_delay_s, max_attempts)
+    given = (max_leases, claims_per_second, burst, lock_delay_s, max_attempts)
+    if all(value is None for value in given):
         raise LimitsError("limits", "give at least one limit to set")
     lock_delay = None if lock_delay_s is None else timedelta(seconds=lock_delay_s)
     async with conn.transaction():
@@ -163,6 +183,7 @@ async def set_limits(
             None if claims_per_second is None else float(claims_per_second),
             None if burst is None else float(burst),
             lock_delay,
+            max_attempts,
         )
         row = _row(record)
         if row.burst is not None and row.claims_per_second is None:
@@ -178,6 +199,7 @@ async def clear_limits(
     claims_per_second: bool = False,
     burst: bool = False,
     lock_delay: bool = False,
+    max_attempts: bool = False,
 ) -> LimitsRow | None:
     """Clears some of a namespace's limits (the rate takes its burst along). Atomic; idempotent.
 
@@ -191,6 +213,8 @@ async def clear_limits(
         claims_per_second: clear the claim rate limit (and its burst).
         burst: clear the burst alone (back to ``max(1, claims_per_second)``).
         lock_delay: clear the lock delay (back to 0 seconds).
+        max_attempts: clear the default attempt limit (claims without one
+            carry none).
 
     Returns:
         The limits left, or None when the namespace has none now (no row).
@@ -200,7 +224,7 @@ async def clear_limits(
         asyncpg.PostgresError: the statement failed (e.g. schema not migrated).
     """
     _check_namespace(namespace)
-    flags = (max_leases, claims_per_second, burst, lock_delay)
+    flags = (max_leases, claims_per_second, burst, lock_delay, max_attempts)
     if not any(flags):
         raise LimitsError("limits", "give at least one limit to clear")
     async with conn.transaction():

@@ -8,18 +8,22 @@
     leasekeeper leases list [-n NS] [--state STATE | --expired] [--owner OWNER] [--limit N]
     leasekeeper leases get TASK_ID [-n NS]
     leasekeeper effects list TASK_ID [-n NS] [--state STATE]
+    leasekeeper tasks history [NS] TASK_ID [--limit N] [--json]
     leasekeeper revoke TASK_ID -n NS --reason TEXT [--fence N]
+    leasekeeper tasks cancel [NS] TASK_ID --reason TEXT
+    leasekeeper tasks retry [NS] TASK_ID --reason TEXT
     leasekeeper watch [TASK_ID] -n NS [--count N] [--timeout S]
     leasekeeper tokens create|list|revoke ...
     leasekeeper limits set|clear|list ...
 
 Settings come from ``LEASEKEEPER_*`` environment variables (see settings.py).
-``leases``, ``effects``, ``revoke`` and ``watch`` call a running server at
-``--target`` (``$LEASEKEEPER_TARGET``) with ``--token`` (``$LEASEKEEPER_TOKEN``)
-and need only the thin client; ``tokens`` and ``limits`` write the database
-directly, found as ``migrate`` finds it. Listings print aligned tables by
-default (instants ISO 8601 UTC, durations in seconds) and JSON with ``--json``
-(one object per line, keys the proto's field names).
+``leases``, ``effects``, ``tasks``, ``revoke`` and
+``watch`` call a running server at ``--target`` (``$LEASEKEEPER_TARGET``) with
+``--token`` (``$LEASEKEEPER_TOKEN``) and need only the thin client; ``tokens``
+and ``limits`` write the database directly, found as ``migrate`` finds it.
+Listings print aligned tables by default (instants ISO 8601 UTC, durations in
+seconds) and JSON with ``--json`` (one object per line, keys the proto's field
+names).
 
 Exit codes, each failure reported in one line on standard error:
 

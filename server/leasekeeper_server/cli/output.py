@@ -17,8 +17,13 @@ list of ``str``. Two renderings:
 * JSON (``--json``): one object per line for lists; instants as ISO 8601
   with their offset, durations as float seconds.
 
-Only the thin client's dependencies are used, so ``leases``, ``effects``,
-``revoke`` and ``watch`` run without the server's extras.
+A task and a history entry are shown in text with a few values joined
+(:func:`task_shown`, :func:`history_shown`): attempts as ``2/5`` against their
+limit, the checkpoint as its version and size, an entry's kind-specific fields
+as ``name=value`` details. JSON keeps every field as the proto names it.
+
+Only the thin client's dependencies are used, so the commands that call a
+server run without the server's extras.
 """
 
 from __future__ import annotations
@@ -172,3 +177,125 @@ def details(record: Mapping[str, Any], fields: Sequence[str] | None = None) -> s
     names = list(fields if fields is not None else record)
     width = max((len(name) for name in names), default=0)
     return "\n".join(f"{name.ljust(width)}{_GAP}{cell(record.get(name))}" for name in names)
+
+
+def detail(value: object) -> str:
+    r"""One value of a ``name=value`` detail, as :func:`cell` shows it and quoted when needed.
+
+    Text holding a space, a quote or ``=`` is quoted (``reason="stuck worker"``,
+    inner quotes as ``\"``), so the details of one line stay apart.
+    """
+    if not isinstance(value, str) or value == "":
+        return cell(value)
+    blank = not has_visible(value)
+    shown = "".join(_escaped(ch, blank) for ch in value)
+    if blank or any(ch.isspace() or ch in '"=' for ch in shown):
+        return '"' + shown.replace('"', '\\"') + '"'
+    return shown
+
+
+def attempts_text(lease: Mapping[str, Any]) -> str:
+    """``attempts/max_attempts`` (``2/5``) when the grant carries a limit, else the count."""
+    attempts, limit = lease.get("attempts") or 0, lease.get("max_attempts") or 0
+    return f"{attempts}/{limit}" if limit else str(attempts)
+
+
+def checkpoint_text(
+    lease: Mapping[str, Any], checkpoint: Mapping[str, Any] | None = None, table: bool = False
+) -> str:
+    """The stored checkpoint in one line; ``""`` when there is none (shown ``-``).
+
+    ``version 3, 1024 bytes``, from the lease; with the checkpoint itself
+    (GetLease's, its ``size`` in bytes added) also its content type, fence
+    and write time: ``version 3, 1024 bytes, application/json, fence 2,
+    2026-11-30T17:51:12.123Z``; for a table, without a space: ``v3:1024B``.
+    """
+    version, size = lease.get("checkpoint_version") or 0, lease.get("checkpoint_size") or 0
+    if checkpoint:
+        version, size = checkpoint.get("version") or version, checkpoint.get("size", size)
+    if not version:
+        return ""
+    if table:
+        return f"v{version}:{size}B"
+    parts = [f"version {version}", f"{size} bytes"]
+    if checkpoint:
+        if checkpoint.get("content_type"):
+            parts.append(str(checkpoint["content_type"]))
+        if checkpoint.get("fence"):
+            parts.append(f"fence {checkpoint['fence']}")
+        if checkpoint.get("write_time") is not None:
+            parts.append(cell(checkpoint["write_time"]))
+    return ", ".join(parts)
+
+
+def task_shown(
+    lease: Mapping[str, Any], checkpoint: Mapping[str, Any] | None = None, table: bool = False
+) -> Record:
+    """A lease record as task details (or, with ``table``, a table row) show it.
+
+    ``attempts`` becomes :func:`attempts_text`; ``checkpoint`` is
+    :func:`checkpoint_text` of the lease and, when given, the checkpoint
+    itself (GetLease's); the other fields are kept.
+    """
+    return {
+        **lease,
+        "attempts": attempts_text(lease),
+        "checkpoint": checkpoint_text(lease, checkpoint, table),
+    }
+
+
+# The fields each history kind uses beyond sequence, time, fence, owner and attempt
+# (HistoryEntry in the proto), with the label each is shown under.
+_HISTORY_DETAILS: dict[str, tuple[tuple[str, str], ...]] = {
+    "GRANTED": (),
+    "RELEASED": (),
+    "COMPLETED": (),
+    "EXPIRED": (("reason", "reason"),),
+    "REVOKED": (("reason", "reason"),),
+    "FAILED": (("reason", "reason"),),
+    "CANCELLED": (("reason", "reason"),),
+    "QUARANTINED": (("reason", "reason"),),
+    "RETRIED": (("reason", "reason"),),
+    "CHECKPOINT_SAVED": (("checkpoint_version", "version"), ("checkpoint_size", "size")),
+    "EFFECT_RESERVED": (("effect_key", "effect_key"),),
+    "EFFECT_COMPLETED": (
+        ("effect_key", "effect_key"),
+        ("effect_outcome", "outcome"),
+        ("external_operation_id", "external_operation_id"),
+    ),
+    "FENCE_REFUSED": (("reason", "reason"), ("method", "method")),
+}
+# A kind this command does not know (a newer server): every detail field that is set.
+_EVERY_DETAIL = tuple(dict.fromkeys(pair for pairs in _HISTORY_DETAILS.values() for pair in pairs))
+
+
+def history_details(entry: Mapping[str, Any]) -> str:
+    """The fields an entry's kind uses, as ``name=value`` details (unset text left out).
+
+    ``version=3 size=1024B``; ``effect_key=k outcome=SUCCEEDED
+    external_operation_id=op-1``; ``reason="stuck worker"``;
+    ``reason=LEASE_SUPERSEDED method=ValidateFence``.
+    """
+    known = _HISTORY_DETAILS.get(str(entry.get("kind")))
+    shown = []
+    for field, label in _EVERY_DETAIL if known is None else known:
+        value = entry.get(field)
+        if value is None or value == "" or (known is None and value == 0):
+            continue
+        text = f"{value}B" if field == "checkpoint_size" else detail(value)
+        shown.append(f"{label}={text}")
+    return " ".join(shown)
+
+
+def history_shown(entry: Mapping[str, Any]) -> Record:
+    """A history entry record as the history table shows it.
+
+    A fence or attempt of 0 (the kind has none) is unset; ``details`` is
+    :func:`history_details`.
+    """
+    return {
+        **entry,
+        "fence": entry.get("fence") or None,
+        "attempt": entry.get("attempt") or None,
+        "details": history_details(entry),
+    }

@@ -5,14 +5,19 @@
     leasekeeper leases list [-n NS] [--state STATE | --expired] [--owner OWNER] [--limit N]
     leasekeeper leases get TASK_ID [-n NS]
     leasekeeper effects list TASK_ID [-n NS] [--state STATE]
+    leasekeeper tasks history [NS] TASK_ID [--limit N] [--json]
     leasekeeper revoke TASK_ID -n NS --reason TEXT [--fence N]
+    leasekeeper tasks cancel [NS] TASK_ID --reason TEXT
+    leasekeeper tasks retry [NS] TASK_ID --reason TEXT
     leasekeeper watch [TASK_ID] -n NS [--count N] [--timeout S]
 
 Each takes ``--target`` (default ``$LEASEKEEPER_TARGET``, else 127.0.0.1:9457),
 ``--token`` (default ``$LEASEKEEPER_TOKEN``; sent as ``authorization: Bearer
 <token>``), ``--tls-ca FILE`` for a TLS server (``--tls-cert``/``--tls-key``
 for mutual TLS) and ``--json``. A failed call prints one line, its gRPC status
-code and message, and exits 1.
+code and message, and exits 1 (``cancel`` of a completed task, ``retry`` of a
+task that is not quarantined: FAILED_PRECONDITION; a task never claimed:
+NOT_FOUND).
 
 Only the thin client's dependencies are needed (grpcio, protobuf).
 """
@@ -24,14 +29,15 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from leasekeeper import CHANNEL_OPTIONS
-from leasekeeper._types import EFFECT_STATES, TASK_STATES
+from leasekeeper._types import EFFECT_STATES
 from leasekeeper.client import DEFAULT_TARGET
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as pb_grpc
@@ -40,6 +46,11 @@ from leasekeeper_server.rpc.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 
 CALL_TIMEOUT_S = 10.0
 
+# Every TaskState but UNSPECIFIED, as --state takes them (HELD, QUARANTINED, ...).
+TASK_STATES = tuple(
+    name.removeprefix("TASK_STATE_") for name, number in pb.TaskState.items() if number
+)
+# A task's row in `leases list`; attempts and checkpoint as output.task_shown joins them.
 LEASE_COLUMNS = (
     "task_id",
     "state",
@@ -48,8 +59,29 @@ LEASE_COLUMNS = (
     "remaining_ttl",
     "expire_time",
     "claim_time",
+    "attempts",
+    "checkpoint",
     "end_reason",
 )
+# One task in `leases get`, `revoke`, `cancel` and `retry`.
+TASK_FIELDS = (
+    "namespace",
+    "task_id",
+    "state",
+    "fence",
+    "owner_id",
+    "remaining_ttl",
+    "expire_time",
+    "runtime_deadline",
+    "claim_time",
+    "attempts",
+    "end_reason",
+    "revoke_reason",
+    "cancel_reason",
+    "fail_reason",
+    "checkpoint",
+)
+HISTORY_COLUMNS = ("sequence", "event_time", "kind", "fence", "owner_id", "attempt", "details")
 EFFECT_COLUMNS = (
     "effect_key",
     "policy",
@@ -124,17 +156,40 @@ def _error_line(error: grpc.aio.AioRpcError) -> str:
     return f"leasekeeper: {error.code().name}: {details}"
 
 
-async def _list_leases(
+async def _paged(
+    page: Callable[[str, int], Awaitable[tuple[Sequence[Message], str]]], args: argparse.Namespace
+) -> AsyncIterator[out.Record]:
+    """The items of a paged listing as records, in order; at most ``args.limit`` (None: all).
+
+    Args:
+        page: calls for one page: (page token, page size) -> (its items, the
+            next page token, empty on the last page).
+        args: ``limit`` and ``page_size`` (None: the server's default).
+    """
+    limit = args.limit
+    page_size = args.page_size or DEFAULT_PAGE_SIZE
+    if limit is not None:
+        page_size = min(page_size, limit)
+    shown = 0
+    token = ""
+    while True:
+        items, token = await page(token, page_size)
+        for item in items:
+            if limit is not None and shown >= limit:
+                return
+            shown += 1
+            yield out.record_of(item)
+        if not token or (limit is not None and shown >= limit):
+            return
+
+
+def _list_leases(
     stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace
 ) -> AsyncIterator[out.Record]:
     """The namespace's leases (of one owner, with --owner), page by page; at most --limit."""
     state = f"TASK_STATE_{args.state}" if args.state else None
-    page_size = args.page_size or DEFAULT_PAGE_SIZE
-    if args.limit is not None:
-        page_size = min(page_size, args.limit)
-    shown = 0
-    token = ""
-    while True:
+
+    async def page(token: str, page_size: int) -> tuple[Sequence[Message], str]:
         request = pb.ListLeasesRequest(
             namespace=args.namespace,
             state=state,
@@ -143,14 +198,9 @@ async def _list_leases(
             owner_id=args.owner or "",
         )
         response = await stub.ListLeases(request, **_call_options(args))
-        for lease in response.leases:
-            if args.limit is not None and shown >= args.limit:
-                return
-            shown += 1
-            yield out.record_of(lease)
-        token = response.next_page_token
-        if not token or (args.limit is not None and shown >= args.limit):
-            return
+        return response.leases, response.next_page_token
+
+    return _paged(page, args)
 
 
 async def _leases(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
@@ -158,13 +208,21 @@ async def _leases(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> i
         request = pb.GetLeaseRequest(namespace=args.namespace, task_id=args.task_id)
         response = await stub.GetLease(request, **_call_options(args))
         lease = out.record_of(response.lease)
-        print(out.to_json(lease, indent=2) if args.json else out.details(lease))
+        if args.json:
+            print(out.to_json(lease, indent=2))
+            return 0
+        checkpoint: out.Record | None = None
+        if response.HasField("checkpoint"):
+            size = len(response.checkpoint.data)
+            checkpoint = {**out.record_of(response.checkpoint), "size": size}
+        print(out.details(out.task_shown(lease, checkpoint), TASK_FIELDS))
         return 0
     if args.json:
         async for lease in _list_leases(stub, args):
             print(out.to_json(lease), flush=True)
     else:
-        print(out.table([lease async for lease in _list_leases(stub, args)], LEASE_COLUMNS))
+        leases = [out.task_shown(lease, table=True) async for lease in _list_leases(stub, args)]
+        print(out.table(leases, LEASE_COLUMNS))
     return 0
 
 
@@ -209,23 +267,83 @@ async def _revoke(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> i
             f"not revoked: {args.task_id}{fence} holds no lease to revoke "
             f"(state {lease.get('state')}, current fence {lease.get('fence')})"
         )
-    print(out.details(lease, (*LEASE_COLUMNS, "revoke_reason")))
+    print(out.details(out.task_shown(lease), TASK_FIELDS))
     return 0
 
 
+async def _cancel(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
+    request = pb.CancelRequest(namespace=args.namespace, task_id=args.task_id, reason=args.reason)
+    response = await stub.Cancel(request, **_call_options(args))
+    return _print_task("cancelled", response, args)
+
+
+async def _retry(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
+    request = pb.RetryRequest(namespace=args.namespace, task_id=args.task_id, reason=args.reason)
+    response = await stub.Retry(request, **_call_options(args))
+    return _print_task("retried", response, args)
+
+
+def _print_task(
+    done: str, response: pb.CancelResponse | pb.RetryResponse, args: argparse.Namespace
+) -> int:
+    """``DONE: TASK_ID`` and the task after the call; --json: the answer as one object."""
+    answer = out.record_of(response)
+    if args.json:
+        print(out.to_json(answer))
+        return 0
+    print(f"{done}: {out.cell(args.task_id)}")
+    print(out.details(out.task_shown(answer["lease"] or {}), TASK_FIELDS))
+    return 0
+
+
+def _history_entries(
+    stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace
+) -> AsyncIterator[out.Record]:
+    """The task's history, oldest first, page by page; at most --limit entries."""
+
+    async def page(token: str, page_size: int) -> tuple[Sequence[Message], str]:
+        request = pb.ListTaskHistoryRequest(
+            namespace=args.namespace, task_id=args.task_id, page_size=page_size, page_token=token
+        )
+        response = await stub.ListTaskHistory(request, **_call_options(args))
+        return response.entries, response.next_page_token
+
+    return _paged(page, args)
+
+
+async def _history(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
+    if args.json:
+        async for entry in _history_entries(stub, args):
+            print(out.to_json(entry), flush=True)
+    else:
+        entries = [out.history_shown(entry) async for entry in _history_entries(stub, args)]
+        print(out.table(entries, HISTORY_COLUMNS))
+    return 0
+
+
+# The longest TaskEventType name without its prefix (QUARANTINED): watch lines stay aligned.
+_EVENT_TYPE_WIDTH = max(
+    len(name.removeprefix("TASK_EVENT_TYPE_")) for name in pb.TaskEventType.keys()
+)
+
+
 def _watch_line(event: out.Record) -> str:
-    """``TIME  TYPE  TASK_ID  fence=N  owner=O  state=S [reason=R]``, time and type aligned."""
+    """``TIME  TYPE  TASK_ID  fence=N  owner=O  state=S [reason=R]``, time and type aligned.
+
+    The reason is the operator's (revoke, cancel) or the owner's (a failed run).
+    """
     lease = event.get("lease") or {}
     parts = [
         out.cell(event.get("event_time")).ljust(24),
-        out.cell(event.get("type")).ljust(9),
+        out.cell(event.get("type")).ljust(_EVENT_TYPE_WIDTH),
         out.cell(lease.get("task_id")),
         f"fence={out.cell(lease.get('fence'))}",
         f"owner={out.cell(lease.get('owner_id'))}",
         f"state={out.cell(lease.get('state'))}",
     ]
-    if lease.get("revoke_reason"):
-        parts.append(f"reason={out.cell(lease['revoke_reason'])}")
+    reason = lease.get("cancel_reason") or lease.get("fail_reason") or lease.get("revoke_reason")
+    if reason:
+        parts.append(f"reason={out.detail(reason)}")
     return "  ".join(parts)
 
 
@@ -266,7 +384,40 @@ async def _watch(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> in
     return 0
 
 
-_COMMANDS = {"leases": _leases, "effects": _effects, "revoke": _revoke, "watch": _watch}
+async def _tasks(stub: Any, args: argparse.Namespace) -> int:
+    """``tasks history|cancel|retry [NAMESPACE] TASK_ID``."""
+    names = args.names
+    if len(names) > 2:
+        print(
+            f"leasekeeper: tasks {args.tasks_command} takes [NAMESPACE] TASK_ID, "
+            f"got {len(names)} names",
+            file=sys.stderr,
+        )
+        return 2
+    if len(names) == 2:
+        args.namespace = names[0]
+    args.task_id = names[-1]
+    run = {"history": _history, "cancel": _cancel, "retry": _retry}[args.tasks_command]
+    return await run(stub, args)
+
+
+def _task_names(parser: argparse.ArgumentParser) -> None:
+    """``[NAMESPACE] TASK_ID``: the namespace positionally, or with -n (default 'default')."""
+    parser.add_argument(
+        "names",
+        nargs="+",
+        metavar="[NAMESPACE] TASK_ID",
+        help="the task, after its namespace (or give the namespace with -n)",
+    )
+
+
+_COMMANDS = {
+    "leases": _leases,
+    "effects": _effects,
+    "tasks": _tasks,
+    "revoke": _revoke,
+    "watch": _watch,
+}
 COMMANDS = frozenset(_COMMANDS)
 """The commands this module runs."""
 
@@ -284,8 +435,9 @@ async def run(args: argparse.Namespace) -> int:
         print(f"leasekeeper: {exc}", file=sys.stderr)
         return 2
     async with channel:
-        # The generated gRPC stub (scripts/gen_protos.py) has an unannotated constructor.
-        stub = pb_grpc.LeaseServiceStub(channel)  # type: ignore[no-untyped-call]
+        # The generated gRPC stub (scripts/gen_protos.py) has an unannotated constructor;
+        # `mypy server` alone does not flag the call (`make lint` checks server and client).
+        stub = pb_grpc.LeaseServiceStub(channel)  # type: ignore[no-untyped-call, unused-ignore]
         try:
             return await _COMMANDS[args.command](stub, args)
         except grpc.aio.AioRpcError as error:
@@ -316,7 +468,7 @@ def positive_seconds(text: str) -> float:
 
 
 def add_commands(commands: Any) -> None:
-    """Adds ``leases``, ``effects``, ``revoke`` and ``watch`` to the ``leasekeeper`` parser."""
+    """Adds the server-calling commands (module docstring) to the ``leasekeeper`` parser."""
     conn = connection_options()
     table_note = "Prints an aligned table; --json prints one JSON object per line."
 
@@ -367,6 +519,54 @@ def add_commands(commands: Any) -> None:
     )
     effects_list.add_argument("task_id")
     effects_list.add_argument("--state", choices=EFFECT_STATES)
+
+    tasks = commands.add_parser(
+        "tasks", help="a task's run: its history; cancel it, retry it when quarantined"
+    )
+    tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True)
+    history = tasks_sub.add_parser(
+        "history",
+        help="print a task's history, oldest first",
+        parents=[conn],
+        description="Print a task's history, oldest first: grants, releases, expiries, "
+        "revokes, quarantines, retries, cancellations, completions, failures, checkpoint "
+        "writes, effects and refused fences. A table (sequence, time, kind, fence, owner, "
+        "attempt, and the kind's details); --json prints one JSON object per line.",
+    )
+    _task_names(history)
+    history.add_argument(
+        "--limit", type=positive_int, metavar="N", help="print at most N entries (the oldest)"
+    )
+    history.add_argument(
+        "--page-size",
+        type=positive_int,
+        metavar="N",
+        help=f"entries per ListTaskHistory call (default {DEFAULT_PAGE_SIZE}; the server "
+        f"allows at most {MAX_PAGE_SIZE})",
+    )
+
+    cancel = tasks_sub.add_parser(
+        "cancel",
+        help="end a task for good (admin)",
+        parents=[conn],
+        description="Cancel a task: it becomes CANCELLED, terminal; its holder's heartbeat "
+        "ends ABORTED TASK_CANCELLED, every fence of it is refused and no claim is granted "
+        "again. Its checkpoint is kept. Cancelling a cancelled task changes nothing. Prints "
+        "the task.",
+    )
+    _task_names(cancel)
+    cancel.add_argument("--reason", required=True, help="why (recorded in the task's history)")
+
+    retry = tasks_sub.add_parser(
+        "retry",
+        help="put a quarantined task back (admin)",
+        parents=[conn],
+        description="Retry a QUARANTINED task (its attempts used up): it becomes FREE with "
+        "attempts 0 and the next claim gets a new fence; its checkpoint is kept. A task that "
+        "is not quarantined is refused (FAILED_PRECONDITION, exit 1). Prints the task.",
+    )
+    _task_names(retry)
+    retry.add_argument("--reason", required=True, help="why (recorded in the task's history)")
 
     revoke = commands.add_parser(
         "revoke",

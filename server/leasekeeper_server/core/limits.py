@@ -12,13 +12,18 @@ Operators set limits per namespace (``leasekeeper limits set``; table
 * ``lock_delay`` — after a lease expires without a release, its task stays
   unclaimable for that long (Chubby's lock-delay, Consul's ``LockDelay``):
   a holder that lost its lease without knowing gets that much time to stop.
+* ``max_attempts`` — the attempt limit a grant carries when its claim sends
+  none (ClaimRequest.max_attempts 0; migrations/0008_runs.sql): when that many
+  of the task's leases ended without a release, the task is QUARANTINED until
+  an operator calls Retry or Cancel.
 
-Both refusals carry google.rpc.RetryInfo and change nothing. The cache is
-loaded at start, reloaded when the database announces a change on channel
-``leasekeeper_config`` (payload ``limits``), and every ``refresh_s`` seconds
-as a backstop. Enforcement never trusts the cache for the counts: a limited
-claim locks the namespace's row and decides on the database's values and
-clock; the cache only says whether to take that path and the lock delay.
+The two refusals (LEASE_LIMIT, CLAIM_RATE_LIMIT) carry google.rpc.RetryInfo
+and change nothing. The cache is loaded at start, reloaded when the database
+announces a change on channel ``leasekeeper_config`` (payload ``limits``),
+and every ``refresh_s`` seconds as a backstop. Enforcement never trusts the
+cache for the counts: a limited claim locks the namespace's row and decides
+on the database's values and clock; the cache only says whether to take that
+path, the lock delay and the default attempt limit.
 """
 
 from __future__ import annotations
@@ -43,12 +48,15 @@ class NamespaceLimits:
             second); None for no limit.
         burst: the bucket's size (claims); None when there is no rate limit.
         lock_delay: how long an expired lease's task stays unclaimable.
+        max_attempts: the default attempt limit of a grant whose claim sends
+            max_attempts 0 (>= 1); None for no limit.
     """
 
     max_leases: int | None = None
     claims_per_second: float | None = None
     burst: float | None = None
     lock_delay: timedelta = ZERO
+    max_attempts: int | None = None
 
     @property
     def needs_lock(self) -> bool:

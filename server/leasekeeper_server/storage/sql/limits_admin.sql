@@ -1,5 +1,5 @@
 -- Operators' statements on leasekeeper_namespace_limits (`leasekeeper limits`),
--- used by limits_admin.py. The claim bucket's columns (bucket_tokens,
+-- used by cli/limits.py. The claim bucket's columns (bucket_tokens,
 -- bucket_time) belong to the claims that take tokens; these statements only
 -- reset them (to NULL: a full bucket) when the rate or the burst changes.
 -- Every change is announced on channel leasekeeper_config by the table's
@@ -7,16 +7,17 @@
 
 -- name: set_limits
 -- Upserts namespace $1's limits; a NULL argument keeps the current value
--- (or the column's default for a new row).
+-- (or the column's default for a new row). $6: the default max_attempts.
 INSERT INTO leasekeeper_namespace_limits AS l
-    (namespace, max_leases, claims_per_second, claim_burst, lock_delay)
+    (namespace, max_leases, claims_per_second, claim_burst, lock_delay, max_attempts)
 VALUES ($1::text, $2::integer, $3::double precision, $4::double precision,
-        coalesce($5::interval, interval '0'))
+        coalesce($5::interval, interval '0'), $6::integer)
 ON CONFLICT (namespace) DO UPDATE SET
     max_leases = coalesce($2::integer, l.max_leases),
     claims_per_second = coalesce($3::double precision, l.claims_per_second),
     claim_burst = coalesce($4::double precision, l.claim_burst),
     lock_delay = coalesce($5::interval, l.lock_delay),
+    max_attempts = coalesce($6::integer, l.max_attempts),
     bucket_tokens = CASE
         WHEN (coalesce($3::double precision, l.claims_per_second),
               coalesce($4::double precision, l.claim_burst))
@@ -28,24 +29,28 @@ ON CONFLICT (namespace) DO UPDATE SET
              IS DISTINCT FROM (l.claims_per_second, l.claim_burst) THEN NULL
         ELSE l.bucket_time END,
     update_time = clock_timestamp()
-RETURNING namespace, max_leases, claims_per_second, claim_burst, lock_delay, update_time;
+RETURNING namespace, max_leases, claims_per_second, claim_burst, lock_delay, max_attempts,
+          update_time;
 
 -- name: clear_limits
 -- Clears the named limits of namespace $1: $2 max_leases, $3 the rate (and
--- its burst), $4 the burst alone, $5 the lock delay (back to 0).
+-- its burst), $4 the burst alone, $5 the lock delay (back to 0), $6 the
+-- default max_attempts.
 UPDATE leasekeeper_namespace_limits AS l SET
     max_leases = CASE WHEN $2::boolean THEN NULL ELSE l.max_leases END,
     claims_per_second = CASE WHEN $3::boolean THEN NULL ELSE l.claims_per_second END,
     claim_burst = CASE WHEN $3::boolean OR $4::boolean THEN NULL ELSE l.claim_burst END,
     lock_delay = CASE WHEN $5::boolean THEN interval '0' ELSE l.lock_delay END,
+    max_attempts = CASE WHEN $6::boolean THEN NULL ELSE l.max_attempts END,
     bucket_tokens = CASE WHEN $3::boolean OR $4::boolean THEN NULL ELSE l.bucket_tokens END,
     bucket_time = CASE WHEN $3::boolean OR $4::boolean THEN NULL ELSE l.bucket_time END,
     update_time = clock_timestamp()
 WHERE namespace = $1::text
-RETURNING namespace, max_leases, claims_per_second, claim_burst, lock_delay, update_time;
+RETURNING namespace, max_leases, claims_per_second, claim_burst, lock_delay, max_attempts,
+          update_time;
 
 -- name: delete_limits
--- Removes namespace $1's row: no limits, no lock delay.
+-- Removes namespace $1's row: no limits, no lock delay, no default max_attempts.
 DELETE FROM leasekeeper_namespace_limits WHERE namespace = $1::text
 RETURNING namespace;
 
@@ -53,11 +58,12 @@ RETURNING namespace;
 -- Removes namespace $1's row when it no longer limits anything.
 DELETE FROM leasekeeper_namespace_limits
 WHERE namespace = $1::text AND max_leases IS NULL AND claims_per_second IS NULL
-  AND claim_burst IS NULL AND lock_delay = interval '0'
+  AND claim_burst IS NULL AND lock_delay = interval '0' AND max_attempts IS NULL
 RETURNING namespace;
 
 -- name: list_limits
 -- Every namespace's limits, by namespace.
-SELECT namespace, max_leases, claims_per_second, claim_burst, lock_delay, update_time
+SELECT namespace, max_leases, claims_per_second, claim_burst, lock_delay, max_attempts,
+       update_time
 FROM leasekeeper_namespace_limits
 ORDER BY namespace;
