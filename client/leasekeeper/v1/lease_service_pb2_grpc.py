@@ -131,10 +131,13 @@ class LeaseServiceServicer:
         claim whose reply was lost); with another request_id, a new incarnation
         of the owner: granted with fence = previous fence + 1, superseding the
         earlier lease. HELD by another owner: OK with acquired=false and the
-        holder's remaining ttl.
+        holder's remaining ttl. A grant returns the task's checkpoint. Taking over
+        an EXPIRED lease counts it as an attempt (Lease.attempts).
 
         Errors:
-        FAILED_PRECONDITION  TASK_COMPLETED: the task is terminal.
+        FAILED_PRECONDITION  TASK_COMPLETED, TASK_FAILED, TASK_CANCELLED: the
+        task is terminal; TASK_QUARANTINED: its attempts
+        are used up, until an operator's Retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -146,8 +149,9 @@ class LeaseServiceServicer:
 
         Errors:
         ABORTED  LEASE_EXPIRED, LEASE_SUPERSEDED, LEASE_RELEASED,
-        LEASE_REVOKED, RUNTIME_EXCEEDED, TASK_COMPLETED, NOT_OWNER,
-        FENCE_UNKNOWN. Claim again; do not retry the renewal.
+        LEASE_REVOKED, RUNTIME_EXCEEDED, TASK_COMPLETED,
+        TASK_CANCELLED, TASK_FAILED, NOT_OWNER, FENCE_UNKNOWN. Claim
+        again; do not retry the renewal.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -155,12 +159,16 @@ class LeaseServiceServicer:
 
     def Release(self, request, context):
         """Releases the lease (live or expired, as long as no newer fence exists):
-        the task becomes FREE, or COMPLETED with complete=true. The fence is kept.
+        the task becomes FREE, or COMPLETED with complete=true, or FAILED with
+        fail=true. The fence is kept. A release never counts as an attempt; an
+        expired lease whose ending used up the task's last attempt is not
+        released (the task is QUARANTINED: ABORTED with its loss reason).
         Idempotent: a release already made with this fence answers OK.
 
         Errors:
         ABORTED  LEASE_SUPERSEDED (the newer lease is untouched), NOT_OWNER,
-        LEASE_REVOKED, TASK_COMPLETED, FENCE_UNKNOWN.
+        LEASE_REVOKED, LEASE_EXPIRED, RUNTIME_EXCEEDED,
+        TASK_COMPLETED, TASK_FAILED, TASK_CANCELLED, FENCE_UNKNOWN.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -170,7 +178,8 @@ class LeaseServiceServicer:
         """Says whether a fence may act now. Always answers OK: valid=false
         carries the current fence and the reason (LEASE_SUPERSEDED,
         LEASE_EXPIRED, LEASE_RELEASED, LEASE_REVOKED, RUNTIME_EXCEEDED,
-        TASK_COMPLETED, FENCE_UNKNOWN).
+        TASK_COMPLETED, TASK_CANCELLED, TASK_FAILED, FENCE_UNKNOWN). A refused
+        fence of an existing task is written to the task's history.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -186,8 +195,8 @@ class LeaseServiceServicer:
         ABORTED      as soon as ownership is lost, with the reason
         (LEASE_EXPIRED, LEASE_SUPERSEDED, LEASE_RELEASED,
         LEASE_REVOKED, RUNTIME_EXCEEDED, TASK_COMPLETED,
-        NOT_OWNER, FENCE_UNKNOWN), pushed by the server without
-        waiting for the next beat;
+        TASK_CANCELLED, TASK_FAILED, NOT_OWNER, FENCE_UNKNOWN),
+        pushed by the server without waiting for the next beat;
         INVALID_ARGUMENT  a message names another lease;
         UNAVAILABLE  the server is shutting down or lost its database: the
         lease lives on; resume on another replica with the same
@@ -236,7 +245,9 @@ class LeaseServiceServicer:
         Errors:
         ABORTED  the fence may not act: LEASE_EXPIRED, LEASE_SUPERSEDED,
         LEASE_RELEASED, LEASE_REVOKED, RUNTIME_EXCEEDED,
-        TASK_COMPLETED, FENCE_UNKNOWN. Nothing is reserved.
+        TASK_COMPLETED, TASK_CANCELLED, TASK_FAILED, FENCE_UNKNOWN.
+        Nothing is reserved; the refusal is written to the task's
+        history.
         FAILED_PRECONDITION  EFFECT_KEY_REUSED: the key was reserved with
         another policy or another request_digest.
         """
@@ -274,13 +285,16 @@ class LeaseServiceServicer:
     def Revoke(self, request, context):
         """Ends the task's current lease at once (an operator's call; admin role):
         its fence stops validating, its heartbeat stream ends ABORTED
-        LEASE_REVOKED, and the next claim is granted with a new fence. A task
-        that is FREE, or whose lease was superseded (fence set), answers
-        revoked=false and is left alone.
+        LEASE_REVOKED, and the next claim is granted with a new fence. The
+        revoked grant counts as an attempt: when it was the last one the task
+        becomes QUARANTINED instead of FREE. A task that is FREE or QUARANTINED,
+        or whose lease was superseded (fence set), answers revoked=false and is
+        left alone.
 
         Errors:
         NOT_FOUND            TASK_NOT_FOUND: the task was never claimed.
-        FAILED_PRECONDITION  TASK_COMPLETED: the task is terminal.
+        FAILED_PRECONDITION  TASK_COMPLETED, TASK_CANCELLED, TASK_FAILED: the
+        task is terminal.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
