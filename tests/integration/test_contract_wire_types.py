@@ -66,9 +66,20 @@ def _mistyped_copies(message: descriptor.Descriptor) -> Iterator[tuple[str, byte
                 yield f"{field.name}.{path}", parent
 
 
+def _checkpoint(version: int) -> pb.Checkpoint:
+    """A checkpoint with every field set: fence and write_time too (the server ignores them)."""
+    checkpoint = pb.Checkpoint(
+        version=version, data=b"{}", content_type="application/json", fence=1
+    )
+    checkpoint.write_time.seconds = 1_700_000_000
+    return checkpoint
+
+
 # A request each RPC would carry out on a namespace holding task "t" leased by
-# "a" with fence 1 and an effect "k" begun by it. Duration fields are set, so
-# the nested fields are mistyped inside a Duration the request really carries.
+# "a" with fence 1 and an effect "k" begun by it (Retry excepted: "t" is not
+# quarantined, so it would be refused, after parsing). Duration and Checkpoint
+# fields are set, so the nested fields are mistyped inside a message the
+# request really carries (a Checkpoint's write_time, a Timestamp, as well).
 REQUESTS: dict[str, Callable[[str], Message]] = {
     "Claim": lambda ns: pb.ClaimRequest(
         namespace=ns,
@@ -78,16 +89,17 @@ REQUESTS: dict[str, Callable[[str], Message]] = {
         max_runtime=dur(60),
         request_id="r",
         wait=dur(1),
+        max_attempts=3,
     ),
     "Renew": lambda ns: pb.RenewRequest(
         namespace=ns, task_id="t", owner_id="a", fence=1, ttl=dur(7)
     ),
     "Release": lambda ns: pb.ReleaseRequest(
-        namespace=ns, task_id="t", owner_id="a", fence=1, complete=True
+        namespace=ns, task_id="t", owner_id="a", fence=1, fail=True, fail_reason="oom"
     ),
     "ValidateFence": lambda ns: pb.ValidateFenceRequest(namespace=ns, task_id="t", fence=1),
     "Heartbeat": lambda ns: pb.HeartbeatRequest(
-        namespace=ns, task_id="t", owner_id="a", fence=1, ttl=dur(7)
+        namespace=ns, task_id="t", owner_id="a", fence=1, ttl=dur(7), checkpoint=_checkpoint(1)
     ),
     "GetLease": lambda ns: pb.GetLeaseRequest(namespace=ns, task_id="t"),
     "ListLeases": lambda ns: pb.ListLeasesRequest(
@@ -109,11 +121,21 @@ REQUESTS: dict[str, Callable[[str], Message]] = {
         outcome=pb.EFFECT_STATE_FAILED,
         retryable=True,
         result=b"r",
+        external_operation_id="op-1",
+        next_checkpoint=_checkpoint(2),
     ),
     "ListEffects": lambda ns: pb.ListEffectsRequest(
         namespace=ns, task_id="t", state=pb.EFFECT_STATE_RESERVED, page_size=10
     ),
     "Revoke": lambda ns: pb.RevokeRequest(namespace=ns, task_id="t", reason="why", fence=1),
+    "SaveCheckpoint": lambda ns: pb.SaveCheckpointRequest(
+        namespace=ns, task_id="t", owner_id="a", fence=1, checkpoint=_checkpoint(3)
+    ),
+    "Cancel": lambda ns: pb.CancelRequest(namespace=ns, task_id="t", reason="why"),
+    "Retry": lambda ns: pb.RetryRequest(namespace=ns, task_id="t", reason="why"),
+    "ListTaskHistory": lambda ns: pb.ListTaskHistoryRequest(
+        namespace=ns, task_id="t", page_size=10
+    ),
     "Watch": lambda ns: pb.WatchRequest(namespace=ns, task_id="t"),
 }
 

@@ -10,7 +10,12 @@ the Heartbeat stream and the effect RPCs included:
   empty, over-long, control-character and NUL ids, ids at the byte limit in
   multi-byte UTF-8, fences from int64's minimum to its maximum, durations
   negative, zero, huge, with nanos out of range or signs that disagree,
-  unknown enum values, page sizes and page tokens of every kind.
+  unknown enum values, page sizes and page tokens of every kind, attempt
+  limits out of bounds, a failed release with or without complete and a
+  reason, and checkpoints (in SaveCheckpoint, a beat and CompleteEffect's
+  next_checkpoint) with versions below 1 or not moving forward, data at and
+  over max_checkpoint_bytes, content types that are long or not printable
+  ASCII, and any fence and write_time (which the server ignores).
 
 An oracle written here from CONTRACT.md's "Bad input" and the proto's field
 comments (not from the server's validation code) says which fields of a
@@ -22,7 +27,9 @@ request are malformed. Every answer must then be clean:
   INVALID_ARGUMENT (page tokens excepted: whether a string is a token the
   server issued is the server's to say);
 * any other status is one the proto documents for that RPC, with a reason it
-  lists (ABORTED, FAILED_PRECONDITION, NOT_FOUND); never INTERNAL, UNKNOWN or
+  lists (ABORTED, FAILED_PRECONDITION, NOT_FOUND), or one the proto's
+  comments elsewhere give it (Cancel's fences refused, TaskState's
+  quarantine); never INTERNAL, UNKNOWN or
   UNAVAILABLE; every error carries exactly one ErrorInfo, and INVALID_ARGUMENT
   a BadRequest naming the same field as the ErrorInfo;
 * a request answered INVALID_ARGUMENT changed nothing: the example's
@@ -31,10 +38,12 @@ request are malformed. Every answer must then be clean:
   a fresh namespace, and ends with a health check answered SERVING.
 
 Every example runs against a namespace holding a live lease (task "t", owner
-"a", fence 1) with a reserved effect ("k"), so that random values often name
-real things and well-formed requests do real work.
+"a", fence 1) with a reserved effect ("k") and a saved checkpoint (version 2),
+so that random values often name real things and well-formed requests do real
+work. "Changed nothing" covers the task rows, the effect ledger and the tasks'
+history.
 
-A CI run takes about 20 s and always draws the same inputs (derandomized).
+A CI run takes about 40 s and always draws the same inputs (derandomized).
 For a longer hunt, ``LEASEKEEPER_FUZZ_RANDOM=1`` draws new inputs on every run
 and ``LEASEKEEPER_FUZZ_SCALE=N`` runs N times as many examples.
 """
@@ -45,7 +54,7 @@ import base64
 import os
 import unicodedata
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
@@ -53,7 +62,7 @@ from typing import Any
 import asyncpg
 import grpc
 import pytest
-from google.protobuf import descriptor, duration_pb2
+from google.protobuf import descriptor, duration_pb2, timestamp_pb2
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -90,32 +99,57 @@ LOSS = frozenset(
         "FENCE_UNKNOWN",
     }
 )
+# A run's end by an operator or its owner. Cancel's comment: "every fence of the
+# task is refused from then on (ValidateFence, Renew, BeginEffect,
+# CompleteEffect, SaveCheckpoint)" and "The holder's heartbeat ends at once
+# ABORTED TASK_CANCELLED"; a failed task is "terminal like COMPLETED"
+# (ReleaseRequest.fail), refused as the LossReason TASK_FAILED.
+ENDED = frozenset({"TASK_CANCELLED", "TASK_FAILED"})
 FENCE_LOSS = LOSS - {"NOT_OWNER"}
 DOCUMENTED: dict[str, dict[grpc.StatusCode, frozenset[str]]] = {
-    "Claim": {FAILED_PRECONDITION: frozenset({"TASK_COMPLETED"})},
-    "Renew": {ABORTED: LOSS},
+    # Claim's own list says TASK_COMPLETED; Cancel's comment adds TASK_CANCELLED
+    # ("claims are refused FAILED_PRECONDITION TASK_CANCELLED"), TaskState's
+    # QUARANTINED adds TASK_QUARANTINED, and FAILED is terminal like COMPLETED.
+    "Claim": {FAILED_PRECONDITION: frozenset({"TASK_COMPLETED", "TASK_QUARANTINED"}) | ENDED},
+    "Renew": {ABORTED: LOSS | ENDED},
     "Release": {
         ABORTED: frozenset(
             {"LEASE_SUPERSEDED", "NOT_OWNER", "LEASE_REVOKED", "TASK_COMPLETED", "FENCE_UNKNOWN"}
         )
     },
     "ValidateFence": {},
-    "Heartbeat": {ABORTED: LOSS},
+    "Heartbeat": {ABORTED: LOSS | ENDED},
     "GetLease": {NOT_FOUND: frozenset({"TASK_NOT_FOUND"})},
     "ListLeases": {},
     "BeginEffect": {
-        ABORTED: FENCE_LOSS,
+        ABORTED: FENCE_LOSS | ENDED,
         FAILED_PRECONDITION: frozenset({"EFFECT_KEY_REUSED"}),
     },
     "CompleteEffect": {
-        ABORTED: FENCE_LOSS,
-        FAILED_PRECONDITION: frozenset({"EFFECT_NOT_BEGUN", "EFFECT_ALREADY_COMPLETED"}),
+        ABORTED: FENCE_LOSS | ENDED,
+        # next_checkpoint is "Decided as SaveCheckpoint decides".
+        FAILED_PRECONDITION: frozenset(
+            {"EFFECT_NOT_BEGUN", "EFFECT_ALREADY_COMPLETED", "CHECKPOINT_NOT_NEWER"}
+        ),
     },
     "ListEffects": {},
     "Revoke": {
         NOT_FOUND: frozenset({"TASK_NOT_FOUND"}),
         FAILED_PRECONDITION: frozenset({"TASK_COMPLETED"}),
     },
+    "SaveCheckpoint": {
+        ABORTED: LOSS | ENDED,
+        FAILED_PRECONDITION: frozenset({"CHECKPOINT_NOT_NEWER"}),
+    },
+    "Cancel": {
+        NOT_FOUND: frozenset({"TASK_NOT_FOUND"}),
+        FAILED_PRECONDITION: frozenset({"TASK_COMPLETED", "TASK_FAILED"}),
+    },
+    "Retry": {
+        NOT_FOUND: frozenset({"TASK_NOT_FOUND"}),
+        FAILED_PRECONDITION: frozenset({"TASK_NOT_QUARANTINED"}),
+    },
+    "ListTaskHistory": {},
     "Watch": {},
 }
 METHODS = {m.name: m for m in SERVICE.methods}
@@ -130,6 +164,8 @@ REQUEST_TYPES: dict[str, type[Message]] = {
 
 INT64 = (-(2**63), 2**63 - 1)
 INT32 = (-(2**31), 2**31 - 1)
+# The test server's max_checkpoint_bytes (the default): the values drawn straddle it.
+MAX_CHECKPOINT_BYTES = 262_144
 
 
 def examples(count: int) -> settings:
@@ -160,6 +196,9 @@ class Limits:
     max_claim_wait: Fraction = Fraction(60)
     max_page_size: int = 1000  # CONTRACT: "at most 1000 a page"
     max_digest_bytes: int = 64  # proto: request_digest "at most 64 bytes"
+    max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES
+    max_attempts: int = 1_000_000  # proto: ClaimRequest.max_attempts "[0, 1000000]"
+    max_content_type_bytes: int = 128  # proto: Checkpoint.content_type "at most 128 bytes"
 
     @classmethod
     def of(cls, server: RunningServer) -> Limits:
@@ -171,6 +210,7 @@ class Limits:
             max_runtime=Fraction(str(s.max_runtime_s)),
             max_result_bytes=s.max_effect_result_bytes,
             max_claim_wait=Fraction(str(s.max_claim_wait_s)),
+            max_checkpoint_bytes=s.max_checkpoint_bytes,
         )
 
 
@@ -242,7 +282,20 @@ def field_is_bad(message: Any, fd: descriptor.FieldDescriptor, limits: Limits) -
     """True: malformed; False: well-formed; None: only the server can tell."""
     name, value = fd.name, getattr(message, fd.name)
     kind = message.DESCRIPTOR.name
+    reason_limits = replace(limits, max_id_bytes=1024)
     match name:
+        case "fence" | "write_time" if kind == "Checkpoint":  # proto: ignored in requests
+            return False
+        case "checkpoint" | "next_checkpoint":  # judged by its own fields (judged_fields)
+            return False
+        case "version":  # proto: >= 1
+            return value < 1
+        case "data":  # proto: at most max_checkpoint_bytes
+            return len(value) > limits.max_checkpoint_bytes
+        case "content_type":  # proto: at most 128 bytes of printable ASCII; may be empty
+            return len(value.encode("utf-8")) > limits.max_content_type_bytes or any(
+                not " " <= c <= "~" for c in value
+            )
         case "owner_id" if kind == "ListLeasesRequest":  # proto: empty means any owner
             return bad_id(value, limits, required=False)
         case "fence" if kind == "RevokeRequest":  # proto: 0 means whatever is current
@@ -250,7 +303,15 @@ def field_is_bad(message: Any, fd: descriptor.FieldDescriptor, limits: Limits) -
         case "namespace" | "task_id" | "owner_id" | "effect_key":
             return bad_id(value, limits)
         case "reason":  # proto: required, at most 1024 bytes, the rules of ids
-            return bad_id(value, replace(limits, max_id_bytes=1024))
+            return bad_id(value, reason_limits)
+        case "fail_reason":  # proto: with fail only; the rules of Revoke.reason; may be empty
+            return bool(value) and (not message.fail or bad_id(value, reason_limits))
+        case "fail":  # proto: "Not together with complete"
+            return value and message.complete
+        case "external_operation_id":  # proto: the rules of ids; may be empty
+            return bad_id(value, limits, required=False)
+        case "max_attempts":  # proto: [0, 1000000]
+            return not 0 <= value <= limits.max_attempts
         case "wait":  # proto: [0, the server's max_claim_wait]
             return message.HasField(name) and bad_duration(
                 value, Fraction(0), limits.max_claim_wait
@@ -286,22 +347,46 @@ def field_is_bad(message: Any, fd: descriptor.FieldDescriptor, limits: Limits) -
     raise AssertionError(f"the fuzz oracle has no rule for {fd.full_name}: add one")
 
 
-def verdict(message: Any, limits: Limits) -> Verdict:
-    """Judges every field of a request message."""
-    bad, unsure = set(), set()
+# A checkpoint SaveCheckpoint must carry: unset, its version is 0 (below 1).
+REQUIRED_CHECKPOINTS = {"leasekeeper.v1.SaveCheckpointRequest.checkpoint"}
+
+
+def judged_fields(
+    message: Any, every: bool = False
+) -> Iterator[tuple[str, Any, descriptor.FieldDescriptor]]:
+    """(path, the message holding it, field) of every field the oracle judges.
+
+    A request's own fields, and the fields of a Checkpoint it carries (or must
+    carry), by their dotted path ("checkpoint.version"), as the server names
+    them; with ``every``, those of every Checkpoint field, set or not.
+    """
     for fd in message.DESCRIPTOR.fields:
-        judged = field_is_bad(message, fd, limits)
+        yield fd.name, message, fd
+        if fd.message_type is not pb.Checkpoint.DESCRIPTOR:
+            continue  # a Duration is judged whole: "ttl"
+        if every or message.HasField(fd.name) or fd.full_name in REQUIRED_CHECKPOINTS:
+            inner = getattr(message, fd.name)
+            for sub in inner.DESCRIPTOR.fields:
+                yield f"{fd.name}.{sub.name}", inner, sub
+
+
+def verdict(message: Any, limits: Limits) -> Verdict:
+    """Judges every field of a request message, and of the Checkpoint it carries."""
+    bad, unsure = set(), set()
+    for path, holder, fd in judged_fields(message):
+        judged = field_is_bad(holder, fd, limits)
         if judged is None:
-            unsure.add(fd.name)
+            unsure.add(path)
         elif judged:
-            bad.add(fd.name)
+            bad.add(path)
     return Verdict(frozenset(bad), frozenset(unsure))
 
 
 def later_beat_verdict(
     message: pb.HeartbeatRequest, first: pb.HeartbeatRequest, limits: Limits
 ) -> Verdict:
-    """A later heartbeat message: each field empty or the first message's; ttl as always."""
+    """A later heartbeat message: each field empty or the first message's; ttl and
+    checkpoint as always."""
     bad = {
         name
         for name in ("namespace", "task_id", "owner_id", "fence")
@@ -309,6 +394,7 @@ def later_beat_verdict(
     }
     if message.HasField("ttl") and bad_duration(message.ttl, limits.min_ttl, limits.max_ttl):
         bad.add("ttl")
+    bad |= {path for path in verdict(message, limits).bad if path.startswith("checkpoint.")}
     return Verdict(frozenset(bad))
 
 
@@ -326,7 +412,7 @@ def mistyped(message: Message) -> set[str]:
         if unknowns[i].field_number in declared
     }
     for fd, value in message.ListFields():
-        if fd.message_type is not None:  # request messages hold only singular Durations
+        if fd.message_type is not None:  # singular Durations, Checkpoints and their Timestamp
             found |= {f"{fd.name}.{path}" for path in mistyped(value)}
     return found
 
@@ -504,8 +590,35 @@ def blobs(limit: int) -> st.SearchStrategy[bytes]:
     )
 
 
+def content_types() -> st.SearchStrategy[str]:
+    """Checkpoint content types: at and over 128 bytes, not printable ASCII, or anything."""
+    printable = st.characters(min_codepoint=0x20, max_codepoint=0x7E)
+    return st.one_of(
+        st.text(printable, max_size=20),
+        st.builds(lambda n: "a" * n, st.sampled_from([127, 128, 129, 300])),
+        st.builds(
+            lambda at, char: "application/json"[:at] + char + "application/json"[at:],
+            st.integers(0, 16),
+            st.sampled_from(CONTROL + UNUSUAL + BIDI + WIDE[1:]),
+        ),
+        st.text(max_size=12),
+    )
+
+
+def timestamps() -> st.SearchStrategy[timestamp_pb2.Timestamp | None]:
+    """Unset, or any seconds and nanos (well-formed or not: a request's are ignored)."""
+    return st.one_of(
+        st.none(),
+        st.builds(
+            timestamp_pb2.Timestamp,
+            seconds=st.one_of(st.sampled_from([0, -1, 253_402_300_800]), st.integers(*INT64)),
+            nanos=st.one_of(st.sampled_from([0, -1, 10**9]), st.integers(*INT32)),
+        ),
+    )
+
+
 def good_values(fd: descriptor.FieldDescriptor, namespace: str) -> st.SearchStrategy[Any]:
-    """Well-formed values for one field of a request, by its name."""
+    """Well-formed values for one field of a request (or of its Checkpoint), by its name."""
     match fd.name:
         case "namespace":
             return st.sampled_from([namespace, namespace, f"{namespace}-other"])
@@ -542,6 +655,27 @@ def good_values(fd: descriptor.FieldDescriptor, namespace: str) -> st.SearchStra
             return st.just("")
         case "request_digest" | "result":
             return st.sampled_from([b"", b"d1"])
+        case "max_attempts":
+            return st.sampled_from([0, 0, 3])
+        case "fail":  # with complete it is malformed: good alone, like retryable
+            return st.just(False)
+        case "fail_reason":  # only with fail
+            return st.just("")
+        case "external_operation_id":
+            return st.sampled_from(["", "", "op-1"])
+        case "checkpoint" | "next_checkpoint":
+            checkpoint = good_messages(pb.Checkpoint, namespace)
+            if fd.full_name in REQUIRED_CHECKPOINTS:
+                return checkpoint
+            return st.one_of(st.none(), st.none(), checkpoint)
+        case "version":  # the example's stored version is 2: not newer, the same, newer
+            return st.sampled_from([1, 2, 3, 3])
+        case "data":
+            return st.sampled_from([b"", b"state"])
+        case "content_type":
+            return st.sampled_from(["", "application/json"])
+        case "write_time":
+            return st.sampled_from([None, None, timestamp_pb2.Timestamp(seconds=1)])
     raise AssertionError(f"no fuzz values for {fd.full_name}: add them")
 
 
@@ -569,7 +703,7 @@ def any_values(fd: descriptor.FieldDescriptor, namespace: str) -> st.SearchStrat
             )
         case "state" | "policy" | "outcome":
             return st.one_of(good, st.sampled_from([0, -1, 99]), st.integers(*INT32))
-        case "retryable" | "complete":
+        case "retryable" | "complete" | "fail":
             return st.booleans()
         case "page_size":
             return st.one_of(
@@ -581,6 +715,32 @@ def any_values(fd: descriptor.FieldDescriptor, namespace: str) -> st.SearchStrat
             return blobs(64)
         case "result":
             return blobs(65536)
+        case "max_attempts":
+            return st.one_of(
+                good,
+                st.sampled_from([1, -1, 1_000_000, 1_000_001, INT32[1], INT32[0]]),
+                st.integers(*INT32),
+            )
+        case "fail_reason":
+            return st.one_of(
+                good,
+                ids(["out of memory"]),
+                st.builds(lambda n: "r" * n, st.sampled_from([1024, 1025, 5000])),
+            )
+        case "external_operation_id":
+            return st.one_of(good, ids(["op-1"]))
+        case "checkpoint" | "next_checkpoint":
+            return st.one_of(st.none(), messages(pb.Checkpoint, namespace))
+        case "version":
+            return st.one_of(
+                good, st.sampled_from([0, -1, INT64[1], INT64[0]]), st.integers(*INT64)
+            )
+        case "data":
+            return blobs(MAX_CHECKPOINT_BYTES)
+        case "content_type":
+            return st.one_of(good, content_types())
+        case "write_time":
+            return timestamps()
     raise AssertionError(f"no fuzz values for {fd.full_name}: add them")
 
 
@@ -592,6 +752,12 @@ def build(message_type: type[Message], fields: dict[str, Any]) -> Any:
         elif value is not None:
             setattr(message, name, value)
     return message
+
+
+def good_messages(message_type: type[Message], namespace: str) -> st.SearchStrategy[Any]:
+    """Messages of ``message_type`` with good values in every field."""
+    fields = {fd.name: good_values(fd, namespace) for fd in message_type.DESCRIPTOR.fields}
+    return st.fixed_dictionaries(fields).map(lambda values: build(message_type, values))
 
 
 def messages(message_type: type[Message], namespace: str) -> st.SearchStrategy[Any]:
@@ -644,6 +810,24 @@ def field_records(message_type: type[Message]) -> st.SearchStrategy[bytes]:
 INVALID_UTF8 = [b"\xff", b"\xc3", b"\xc0\xaf", b"\xed\xa0\x80", b"ok\xfe", b"\xf4\x90\x80\x80"]
 
 
+def nested_strings(message_type: type[Message]) -> list[tuple[int, int]]:
+    """(field number, number of a string field inside it) for a request's sub-messages."""
+    return [
+        (fd.number, inner.number)
+        for fd in message_type.DESCRIPTOR.fields
+        if fd.message_type is not None
+        for inner in fd.message_type.fields
+        if inner.type == inner.TYPE_STRING
+    ]
+
+
+def with_nested_string(body: bytes, numbers: tuple[int, int], value: bytes) -> bytes:
+    """``body`` followed by a sub-message (merged into the one it may hold) with a string."""
+    outer, inner = numbers
+    field = tag(inner, 2) + varint(len(value)) + value
+    return body + tag(outer, 2) + varint(len(field)) + field
+
+
 def malformed(message_type: type[Message], namespace: str) -> st.SearchStrategy[bytes]:
     """Bodies that are (mostly) not valid ``message_type`` messages."""
     string_numbers = [
@@ -653,7 +837,19 @@ def malformed(message_type: type[Message], namespace: str) -> st.SearchStrategy[
     others = st.sampled_from(sorted(REQUEST_TYPES)).flatmap(
         lambda name: messages(REQUEST_TYPES[name], namespace)
     )
+    nested = nested_strings(message_type)
+    # invalid UTF-8 in a string field of a sub-message (Checkpoint.content_type)
+    in_sub_message = (
+        [
+            st.builds(
+                with_nested_string, valid, st.sampled_from(nested), st.sampled_from(INVALID_UTF8)
+            )
+        ]
+        if nested
+        else []
+    )
     return st.one_of(
+        *in_sub_message,
         st.binary(max_size=48),
         # a valid message cut short
         st.builds(lambda body, at: body[: at % max(1, len(body))], valid, st.integers(0, 1000)),
@@ -685,7 +881,8 @@ def malformed(message_type: type[Message], namespace: str) -> st.SearchStrategy[
 
 
 async def prepare(stub: rpc.LeaseServiceStub) -> str:
-    """A fresh namespace with a live lease (t, a, fence 1) and a reserved effect (k).
+    """A fresh namespace with a live lease (t, a, fence 1), a reserved effect (k) and a
+    checkpoint (version 2, b"state", application/json, by fence 1).
 
     Also proves the server still grants claims after the previous example.
     """
@@ -698,13 +895,33 @@ async def prepare(stub: rpc.LeaseServiceStub) -> str:
         timeout=CALL_TIMEOUT_S,
     )
     assert reply.decision == pb.EFFECT_DECISION_PROCEED
+    saved = await stub.SaveCheckpoint(
+        pb.SaveCheckpointRequest(
+            namespace=namespace,
+            task_id="t",
+            owner_id="a",
+            fence=1,
+            checkpoint=pb.Checkpoint(version=2, data=b"state", content_type="application/json"),
+        ),
+        timeout=CALL_TIMEOUT_S,
+    )
+    assert saved.checkpoint.version == 2
     return namespace
 
 
+HISTORY = (
+    "SELECT * FROM leasekeeper_task_history"
+    " WHERE starts_with(namespace, $1) OR namespace = ANY($2::text[]) ORDER BY sequence"
+)
+
+
 async def rows(db: asyncpg.Connection, namespace: str, message: Any = None) -> list[Any]:
-    """The rows of the example's namespaces, and of the namespace ``message`` names."""
+    """The rows of the example's namespaces, and of the namespace ``message`` names:
+    tasks, effects and the tasks' history."""
     named = getattr(message, "namespace", "") if message is not None else ""
-    return await snapshot(db, namespace, [named] if "\x00" not in named else [])
+    others = [named] if "\x00" not in named else []
+    history = await db.fetch(HISTORY, namespace, others)
+    return await snapshot(db, namespace, others) + [tuple(r) for r in history]
 
 
 async def unary_raw(channel: grpc.aio.Channel, method: str, body: bytes) -> Any:
@@ -766,9 +983,8 @@ def test_fuzz_tables_cover_every_rpc_and_field() -> None:
     assert set(DOCUMENTED) == set(METHODS)
     for message_type in REQUEST_TYPES.values():
         limits = Limits(256, Fraction(1, 10), Fraction(3600), Fraction(86400), 65536)
-        message = message_type()
-        for fd in message_type.DESCRIPTOR.fields:
-            field_is_bad(message, fd, limits)  # a rule for every field
+        for _, holder, fd in judged_fields(message_type(), every=True):
+            field_is_bad(holder, fd, limits)  # a rule for every field, nested ones too
             good_values(fd, "ns")  # and values for it
             any_values(fd, "ns")
 

@@ -502,11 +502,13 @@ LIMIT $4::int;
 
 -- name: prune_history_age
 -- Deletes up to $2 history entries older than $1 (by event_time, through its
--- index: the cost follows the entries pruned).
+-- index: the cost follows the entries pruned). The cutoff is read once, in a
+-- subquery: clock_timestamp() is volatile, so compared directly it would be
+-- a filter over the whole index instead of the index scan's bound.
 DELETE FROM leasekeeper_task_history
 WHERE sequence = ANY (ARRAY(
     SELECT sequence FROM leasekeeper_task_history
-    WHERE event_time < clock_timestamp() - $1::interval
+    WHERE event_time < (SELECT clock_timestamp() - $1::interval)
     ORDER BY event_time
     LIMIT $2::int));
 
@@ -521,9 +523,12 @@ WHERE sequence = ANY (ARRAY(
 WITH w AS MATERIALIZED (
     SELECT watermark FROM leasekeeper_history_pruning FOR UPDATE SKIP LOCKED
 ), fresh AS MATERIALIZED (
+    -- The watermark as a scalar (NULL when another server holds the row:
+    -- nothing is read): the primary key's range scan starts at it. Joined
+    -- instead, the planner walked the whole index with a join filter.
     SELECT h.sequence, h.namespace, h.task_id
-    FROM leasekeeper_task_history h, w
-    WHERE h.sequence > w.watermark
+    FROM leasekeeper_task_history h
+    WHERE h.sequence > (SELECT watermark FROM w)
     ORDER BY h.sequence
     LIMIT $2::int
 ), doomed AS (
