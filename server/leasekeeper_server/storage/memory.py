@@ -54,6 +54,14 @@ storage's own copy set with :meth:`MemoryStore.set_limits` (the table
 ``leasekeeper_namespace_limits``), and only when the claim's ``limits`` ask
 for it (``needs_lock``). The namespace's default attempt limit is applied
 by the caller, which passes it as ``max_attempts``, as to ``Store.claim``.
+
+This module is the lease store (:class:`MemoryStore`) and the names the rest
+of the code imports; its parts each have a module: ``memory_clock`` (the
+injected clock, ``ManualClock``), ``memory_rows`` (a task's row and how it
+reads), ``memory_events`` (the trigger's events and the change feed,
+``MemoryEvents``), ``memory_history`` (the task history), ``memory_limits``
+(the namespace limits rows and claim buckets) and ``memory_ledger`` (the
+effect ledger, ``MemoryLedger``).
 """
 
 from __future__ import annotations
@@ -62,35 +70,17 @@ import asyncio
 import builtins
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from leasekeeper_server.core.effect_rules import (
-    BeginDecision,
-    BeginRequest,
-    Effect,
-    EffectKey,
-    EffectState,
-    Outcome,
-    check_complete,
-    decide_begin,
-)
 from leasekeeper_server.core.errors import (
     CheckpointNotNewer,
-    ClaimRateLimit,
-    LeaseLimit,
     LeaseLost,
     TaskNotClaimable,
     TaskNotFound,
     TaskNotQuarantined,
 )
-from leasekeeper_server.core.limits import (
-    NO_LIMITS,
-    Bucket,
-    NamespaceLimits,
-    refill,
-    wait_for_token_s,
-)
+from leasekeeper_server.core.limits import NO_LIMITS, NamespaceLimits
 from leasekeeper_server.core.model import (
     LIST_SCAN_BUDGET,
     Checkpoint,
@@ -102,15 +92,27 @@ from leasekeeper_server.core.model import (
     LossReason,
     TaskKey,
     TaskState,
-    fence_loss,
     owner_loss,
 )
-from leasekeeper_server.storage.subscription import Fanout
+from leasekeeper_server.storage.memory_clock import Clock, ManualClock, check_aware, utc_now
+from leasekeeper_server.storage.memory_events import MemoryEvents, trigger_events
+from leasekeeper_server.storage.memory_history import MemoryHistory
+from leasekeeper_server.storage.memory_ledger import LedgerTasks, MemoryLedger
+from leasekeeper_server.storage.memory_limits import MemoryLimits, check_lease_limit
+from leasekeeper_server.storage.memory_rows import TaskRow
 
 if TYPE_CHECKING:
     from leasekeeper_server.storage.protocol import ChangeFeed, EffectStore, LeaseStore
 
-Clock = Callable[[], datetime]
+__all__ = [
+    "FIRST_FENCE",
+    "Clock",
+    "ManualClock",
+    "MemoryEvents",
+    "MemoryLedger",
+    "MemoryStore",
+    "utc_now",
+]
 
 # The first fence of a task: leasekeeper_fence_floor() on timeline 1.
 FIRST_FENCE = 1
@@ -119,231 +121,12 @@ FIRST_FENCE = 1
 _ENDED = (TaskState.COMPLETED, TaskState.CANCELLED, TaskState.FAILED)
 
 
-def utc_now() -> datetime:
-    """The machine's wall clock in UTC (the default clock)."""
-    return datetime.now(UTC)
-
-
-class ManualClock:
-    """A clock that moves only when told to: ``clock()`` is the instant, ``advance`` moves it.
-
-    Args:
-        start: the first instant (timezone-aware); now, in UTC, by default.
-    """
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._now = start if start is not None else utc_now()
-        _check_aware(self._now)
-
-    def __call__(self) -> datetime:
-        """The current instant."""
-        return self._now
-
-    def advance(self, by: timedelta | float) -> None:
-        """Moves the clock forward by ``by`` (a timedelta, or seconds); never backwards.
-
-        Raises:
-            ValueError: ``by`` is negative.
-        """
-        step = by if isinstance(by, timedelta) else timedelta(seconds=by)
-        if step < timedelta(0):
-            raise ValueError("a ManualClock never goes backwards")
-        self._now += step
-
-
-def _check_aware(instant: datetime) -> datetime:
-    if instant.tzinfo is None or instant.utcoffset() is None:
-        raise ValueError(f"the storage clock must be timezone-aware, got {instant!r}")
-    return instant
-
-
-@dataclass(slots=True)
-class _Row:
-    """One task, as a row of ``leasekeeper_tasks`` (migrations/0001, 0004, 0005, 0008).
-
-    ``checkpoint`` stands for the checkpoint columns (None: none saved).
-    """
-
-    namespace: str
-    task_id: str
-    owner_id: str
-    fence: int
-    state: str  # the row state: 'held', 'released', 'revoked', 'retried', 'quarantined', ...
-    expire_time: datetime
-    runtime_deadline: datetime
-    claim_time: datetime
-    update_time: datetime
-    end_reason: str | None = None
-    claim_request_id: str | None = None
-    revoke_reason: str | None = None
-    expiry_announced_fence: int | None = None
-    attempts: int = 0
-    max_attempts: int | None = None
-    state_reason: str | None = None
-    checkpoint: Checkpoint | None = None
-
-    def live(self, now: datetime) -> bool:
-        """Whether the row holds a live lease at ``now``: core.model's rule (``Lease.state``)."""
-        return self.lease(now).state is TaskState.HELD
-
-    def lease(self, now: datetime) -> Lease:
-        """The row as read at ``now`` (``{{lease_columns}}`` with ``db_now``)."""
-        return Lease(
-            namespace=self.namespace,
-            task_id=self.task_id,
-            owner_id=self.owner_id,
-            fence=self.fence,
-            row_state=self.state,
-            expire_time=self.expire_time,
-            runtime_deadline=self.runtime_deadline,
-            claim_time=self.claim_time,
-            end_reason=self.end_reason,
-            claim_request_id=self.claim_request_id,
-            db_now=now,
-            revoke_reason=self.revoke_reason,
-            recorded_attempts=self.attempts,
-            max_attempts=self.max_attempts,
-            state_reason=self.state_reason,
-            checkpoint_version=self.checkpoint.version if self.checkpoint else None,
-            checkpoint_size=len(self.checkpoint.data) if self.checkpoint else None,
-        )
-
-    def payload(
-        self, event: str, event_time: datetime, previous_end: datetime | None = None
-    ) -> dict[str, Any]:
-        """The trigger's notification for this row (leasekeeper_notify_row), as parsed JSON.
-
-        ``previous_end``: for a grant that followed an ended lease, that lease's end.
-        """
-        return {
-            "event": event,
-            "event_time": event_time.isoformat(),
-            "namespace": self.namespace,
-            "task_id": self.task_id,
-            "owner_id": self.owner_id,
-            "fence": self.fence,
-            "state": self.state,
-            "expire_time": self.expire_time.isoformat(),
-            "runtime_deadline": self.runtime_deadline.isoformat(),
-            "claim_time": self.claim_time.isoformat(),
-            "end_reason": self.end_reason,
-            "claim_request_id": self.claim_request_id,
-            "revoke_reason": self.revoke_reason,
-            "attempts": self.attempts,
-            "max_attempts": self.max_attempts,
-            "state_reason": self.state_reason,
-            "checkpoint_version": self.checkpoint.version if self.checkpoint else None,
-            "checkpoint_size": len(self.checkpoint.data) if self.checkpoint else None,
-            "previous_end": previous_end.isoformat() if previous_end is not None else None,
-        }
-
-    def history(self, event: str) -> dict[str, Any]:
-        """The history entry's fields for ``event`` of this row (``leasekeeper_task_event``).
-
-        A grant records the attempt it starts (attempts + 1), a quarantine the
-        attempts used up; the reason is the expiry's LossReason, the revoke's
-        or the quarantine's reason, else the words of the last cancel, fail
-        or retry.
-        """
-        if event == "expired":  # the lease as it was read at its expiry
-            loss = self.lease(self.expire_time).last_loss
-            reason = loss.value if loss is not None else ""
-        elif event == "revoked":
-            reason = self.revoke_reason or ""
-        elif event == "quarantined":
-            reason = self.end_reason or ""
-        else:
-            reason = self.state_reason or ""
-        attempt = {"claimed": self.attempts + 1, "quarantined": self.attempts}.get(event, 0)
-        return {
-            "kind": "granted" if event == "claimed" else event,
-            "fence": self.fence,
-            "owner_id": self.owner_id,
-            "attempt": attempt,
-            "reason": reason,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class _Event:
-    """One event of a task (``leasekeeper_task_event``): announced, and written to its history.
-
-    Attributes:
-        event: 'claimed', 'expired', or the row state the change stored.
-        event_time: when it happened (database clock).
-        row: the row it describes (the old one for an expiry a change ends).
-        previous_end: for a grant that followed an ended lease, that lease's end.
-    """
-
-    event: str
-    event_time: datetime
-    row: _Row
-    previous_end: datetime | None = None
-
-
-def _trigger_events(old: _Row | None, new: _Row) -> list[_Event]:
-    """What the task table's trigger announces for a change from ``old`` to ``new``.
-
-    ``leasekeeper_notify_lease`` (migrations/0006, 0008): an expired lease
-    nobody announced is announced first when a change ends it (a new fence or
-    a new state); then 'claimed' for a new row or fence, else the new state
-    ('released', 'completed', 'revoked', 'failed', 'cancelled',
-    'quarantined', 'retried'; a revoke that quarantines is 'revoked' then
-    'quarantined'), else an expiry the sweeper marks.
-
-    Returns:
-        The events, in the trigger's order.
-    """
-    events = []
-    if (
-        old is not None
-        and old.state == "held"
-        and (new.fence != old.fence or new.state != old.state)
-        and old.expire_time <= new.update_time
-        and old.expiry_announced_fence != old.fence
-    ):
-        events.append(_Event("expired", old.expire_time, old))
-    if old is None:
-        events.append(_Event("claimed", new.claim_time, new))
-    elif new.fence != old.fence:
-        ended = old.state != "held" or old.expire_time <= new.claim_time
-        events.append(_Event("claimed", new.claim_time, new, old.expire_time if ended else None))
-    elif new.state != old.state:
-        if new.state == "quarantined" and new.end_reason == "LEASE_REVOKED":
-            events.append(_Event("revoked", new.update_time, new))
-        events.append(_Event(new.state, new.update_time, new))
-    elif new.owner_id != old.owner_id:
-        events.append(_Event("claimed", new.claim_time, new))
-    elif (
-        new.expiry_announced_fence != old.expiry_announced_fence
-        and new.expiry_announced_fence == new.fence
-    ):
-        events.append(_Event("expired", new.expire_time, new))
-    return events
-
-
-class MemoryEvents(Fanout):
-    """The change feed in memory: watchers and subscriptions rung by :class:`MemoryStore`.
-
-    Implements ``protocol.ChangeFeed`` as ``events.LeaseEvents`` does (the same
-    :class:`~leasekeeper_server.storage.subscription.Fanout`), minus the LISTEN
-    connection: events are delivered when the change is made. ``wake_all``
-    does what a lost listening connection does: every watcher woken, every
-    subscription told of a gap; ``watched`` lists the tasks watched now (for
-    tests that wait for a waiter to be in place).
-    """
-
-    def publish(self, payload: dict[str, Any]) -> None:
-        """Delivers one committed change (a trigger payload) to its watchers and subscribers."""
-        self.deliver(TaskKey(payload["namespace"], payload["task_id"]), payload)
-
-
 @dataclass(slots=True)
 class _Grant:
     """A claim's decision before it is committed (a limit may still refuse it)."""
 
-    old: _Row | None
-    new: _Row
+    old: TaskRow | None
+    new: TaskRow
 
 
 class MemoryStore:
@@ -358,11 +141,9 @@ class MemoryStore:
     def __init__(self, clock: Clock | None = None, events: MemoryEvents | None = None) -> None:
         self._clock = clock if clock is not None else utc_now
         self.events = events if events is not None else MemoryEvents()
-        self._rows: dict[TaskKey, _Row] = {}
-        self._limits: dict[str, NamespaceLimits] = {}
-        self._buckets: dict[str, Bucket] = {}
-        self._history: dict[TaskKey, list[HistoryEntry]] = {}
-        self._sequence = 0
+        self._rows: dict[TaskKey, TaskRow] = {}
+        self._limits = MemoryLimits()
+        self._history = MemoryHistory()
 
     def now(self) -> datetime:
         """The storage's clock (timezone-aware).
@@ -370,7 +151,7 @@ class MemoryStore:
         Raises:
             ValueError: the injected clock returned a naive datetime.
         """
-        return _check_aware(self._clock())
+        return check_aware(self._clock())
 
     def set_limits(self, namespace: str, limits: NamespaceLimits | None) -> None:
         """Sets (or, with None, removes) a namespace's limits row: what ``limits set`` writes.
@@ -379,11 +160,7 @@ class MemoryStore:
         and only when the limits they are given ask for it (``needs_lock``),
         as the SQL path does; a new rate starts with a full bucket.
         """
-        self._buckets.pop(namespace, None)
-        if limits is None:
-            self._limits.pop(namespace, None)
-        else:
-            self._limits[namespace] = limits
+        self._limits.write(namespace, limits)
 
     def read(self, key: TaskKey) -> Lease | None:
         """The task's lease now, without yielding (for the ledger and for tests)."""
@@ -396,28 +173,12 @@ class MemoryStore:
         ``fields`` are HistoryEntry's (``kind`` at least); those left out are
         0 or empty, as the table's defaults. The sequence is the store's next.
         """
-        self._sequence += 1
-        entry = {
-            "fence": 0,
-            "owner_id": "",
-            "attempt": 0,
-            "checkpoint_version": 0,
-            "checkpoint_size": 0,
-            "effect_key": "",
-            "effect_outcome": "",
-            "external_operation_id": "",
-            "reason": "",
-            "method": "",
-            **fields,
-        }
-        self._history.setdefault(key, []).append(
-            HistoryEntry(sequence=self._sequence, event_time=event_time, **entry)
-        )
+        self._history.write(key, event_time, **fields)
 
-    def _commit(self, key: TaskKey, old: _Row | None, new: _Row) -> None:
+    def _commit(self, key: TaskKey, old: TaskRow | None, new: TaskRow) -> None:
         """Stores ``new``; announces and records what the task trigger would (migrations/0008)."""
         self._rows[key] = new
-        for event in _trigger_events(old, new):
+        for event in trigger_events(old, new):
             row = event.row
             self.events.publish(row.payload(event.event, event.event_time, event.previous_end))
             self.write_history(key, event.event_time, **row.history(event.event))
@@ -450,18 +211,18 @@ class MemoryStore:
         delay = limits.lock_delay
         # Limits are judged on the storage's copy, and only when the claim's
         # limits ask for it (as Store.claim takes the limited path).
-        stored = self._limits.get(key.namespace) if limits.needs_lock else None
+        stored = self._limits.stored(key.namespace) if limits.needs_lock else None
         bucket = None
         if stored is not None and stored.claims_per_second is not None and take_token:
-            bucket = self._take_token(key.namespace, stored, stored.claims_per_second, now)
+            bucket = self._limits.take_token(key.namespace, stored, stored.claims_per_second, now)
         grant = self._decide_claim(
             key, owner_id, ttl, max_runtime, request_id, delay, max_attempts, now
         )
         if grant is not None and stored is not None and stored.max_leases is not None:
             # Raises before the bucket is stored: SQL rolls the token back with the claim.
-            self._check_lease_limit(key, stored.max_leases, now)
+            check_lease_limit(self._rows.values(), key, stored.max_leases, now)
         if bucket is not None:  # taken by a granted and by a refused claim alike
-            self._buckets[key.namespace] = bucket
+            self._limits.keep_token(key.namespace, bucket)
         if grant is not None:
             self._commit(key, grant.old, grant.new)
             return ClaimOutcome(True, grant.new.lease(now), checkpoint=grant.new.checkpoint)
@@ -490,7 +251,7 @@ class MemoryStore:
     ) -> _Grant | None:
         """The SQL ``claim`` statement's decision: the row it would write, or None for no row."""
         old = self._rows.get(key)
-        granted = _Row(
+        granted = TaskRow(
             namespace=key.namespace,
             task_id=key.task_id,
             owner_id=owner_id,
@@ -531,63 +292,13 @@ class MemoryStore:
             ),
         )
 
-    def _take_token(
-        self, namespace: str, stored: NamespaceLimits, rate: float, now: datetime
-    ) -> Bucket:
-        """The namespace's claim bucket after taking one token (SQL ``lock_limits``).
-
-        The caller stores it when the claim commits (SQL ``take_claim_token``).
-
-        Raises:
-            ClaimRateLimit: the bucket holds less than one token (RESOURCE_EXHAUSTED).
-        """
-        burst = stored.burst if stored.burst is not None else max(1.0, rate)
-        last = self._buckets.get(namespace)
-        bucket = refill(last.tokens if last else None, last.at if last else None, now, rate, burst)
-        if bucket.tokens < 1.0:
-            raise ClaimRateLimit(
-                namespace,
-                wait_for_token_s(bucket, rate),
-                f"namespace {namespace!r} is limited to {rate:g} claims per second",
-            )
-        return Bucket(bucket.tokens - 1.0, bucket.at)
-
-    def _check_lease_limit(self, key: TaskKey, max_leases: int, now: datetime) -> None:
-        """Refuses a grant past ``max_leases`` (SQL ``count_live_leases``).
-
-        Counts the live leases of the namespace other than this task, in
-        task_id order, stopping at the limit; the retry hint is the earliest
-        expiry among those counted.
-
-        Raises:
-            LeaseLimit: the namespace holds ``max_leases`` live leases
-                (RESOURCE_EXHAUSTED); nothing changes (the transaction rolls
-                back, the claim's token included).
-        """
-        live = sorted(
-            (row.task_id, row.expire_time)
-            for row in self._rows.values()
-            if row.namespace == key.namespace
-            and row.task_id != key.task_id
-            and row.live(now)
-            and row.expiry_announced_fence != row.fence
-        )[:max_leases]
-        if len(live) >= max_leases:
-            first = min((expiry for _, expiry in live), default=None)
-            wait = (first - now).total_seconds() if first is not None else 0.0
-            raise LeaseLimit(
-                key.namespace,
-                max(0.0, wait),
-                f"namespace {key.namespace!r} holds its maximum of {max_leases} live leases",
-            )
-
     def _decide_renewal(
         self,
         ref: LeaseRef,
         ttl: timedelta | None,
         checkpoint: CheckpointWrite | None,
         now: datetime,
-    ) -> _Row | None:
+    ) -> TaskRow | None:
         """The row SQL ``renew`` would write for one renewal, or None: no live lease of ``ref``.
 
         ``ttl`` None keeps the expiry; a checkpoint of a higher version than
@@ -641,7 +352,7 @@ class MemoryStore:
 
     def _decide_save(
         self, ref: LeaseRef, checkpoint: CheckpointWrite, now: datetime
-    ) -> tuple[_Row, Checkpoint]:
+    ) -> tuple[TaskRow, Checkpoint]:
         """``Store.save_checkpoint``'s decision: the row to write and the checkpoint stored.
 
         Raises:
@@ -779,7 +490,7 @@ class MemoryStore:
             return tasks, scanned[-1].task_id
         return tasks, None
 
-    def _existing(self, key: TaskKey) -> _Row:
+    def _existing(self, key: TaskKey) -> TaskRow:
         row = self._rows.get(key)
         if row is None:
             raise TaskNotFound(
@@ -883,8 +594,7 @@ class MemoryStore:
     ) -> builtins.list[HistoryEntry]:
         """A page of the task's history (``protocol.LeaseStore.list_history``), oldest first."""
         await asyncio.sleep(0)
-        entries = self._history.get(key, [])
-        return [entry for entry in entries if entry.sequence > after_sequence][:limit]
+        return self._history.page(key, after_sequence, limit)
 
     def announce_expiries(self) -> int:
         """Plays the expiry sweeper (SQL ``sweep_expired``): announces every unannounced expiry.
@@ -919,180 +629,14 @@ class MemoryStore:
         return announced
 
 
-class MemoryLedger:
-    """The effect ledger in memory (``protocol.EffectStore``), over a MemoryStore's tasks.
-
-    The decisions are ``core/effect_rules.py``'s (``decide_begin``,
-    ``check_complete``), behind the fence check ``ledger.EffectLedger`` makes
-    (``core/model.fence_loss`` on the task read at the same instant). Each
-    reservation and each outcome recorded is a history entry of the task, as
-    the effect table's trigger writes (migrations/0008).
-    """
-
-    def __init__(self, store: MemoryStore) -> None:
-        self._store = store
-        self._records: dict[EffectKey, Effect] = {}
-
-    def _check_fence(self, key: EffectKey, fence: int) -> None:
-        """Raises LeaseLost (ABORTED) unless ``fence`` may act on the task now."""
-        task = self._store.read(TaskKey(key.namespace, key.task_id))
-        reason = fence_loss(task, fence)
-        if reason is not None:
-            raise LeaseLost(reason, task.fence if task is not None else 0)
-
-    def _write(self, key: EffectKey, record: Effect) -> None:
-        """Stores ``record``; a reservation or a first outcome goes to the task's history."""
-        self._records[key] = record
-        task = TaskKey(key.namespace, key.task_id)
-        if record.state is EffectState.RESERVED:
-            self._store.write_history(
-                task,
-                record.begin_time,
-                kind="effect_reserved",
-                fence=record.fence,
-                attempt=record.attempts,
-                effect_key=key.effect_key,
-            )
-        else:
-            assert record.complete_time is not None and record.complete_fence is not None
-            self._store.write_history(
-                task,
-                record.complete_time,
-                kind="effect_completed",
-                fence=record.complete_fence,
-                attempt=record.attempts,
-                effect_key=key.effect_key,
-                effect_outcome=record.state.value,
-                external_operation_id=record.external_operation_id,
-            )
-
-    async def begin(self, request: BeginRequest) -> tuple[BeginDecision, Effect]:
-        """Reserves an effect (``protocol.EffectStore.begin``; ``ledger.EffectLedger.begin``)."""
-        await asyncio.sleep(0)
-        key = request.key
-        self._check_fence(key, request.fence)
-        now = self._store.now()
-        record = self._records.get(key)
-        if record is None:
-            record = Effect(
-                namespace=key.namespace,
-                task_id=key.task_id,
-                effect_key=key.effect_key,
-                policy=request.policy,
-                request_digest=request.request_digest,
-                state=EffectState.RESERVED,
-                fence=request.fence,
-                complete_fence=None,
-                retryable=False,
-                result=b"",
-                attempts=1,
-                begin_time=now,
-                complete_time=None,
-            )
-            self._write(key, record)
-            return BeginDecision.PROCEED, record
-        decision = decide_begin(record, request)
-        if decision is not BeginDecision.PROCEED:
-            return decision, record
-        # SQL reserve_effect: a new attempt; the policy never changes. The
-        # external operation id stays (SQL reserve_effect does not clear it).
-        record = replace(
-            record,
-            state=EffectState.RESERVED,
-            fence=request.fence,
-            request_digest=request.request_digest,
-            attempts=record.attempts + 1,
-            begin_time=now,
-            complete_fence=None,
-            complete_time=None,
-            retryable=False,
-            result=b"",
-        )
-        self._write(key, record)
-        return decision, record
-
-    def _decide_complete(self, key: EffectKey, fence: int, outcome: Outcome) -> Effect | None:
-        """The record SQL ``complete_effect`` would write, or None: the outcome is recorded already.
-
-        Raises:
-            LeaseLost: (ABORTED) the fence is not current and live.
-            EffectNotBegun, EffectAlreadyCompleted: (FAILED_PRECONDITION)
-                ``check_complete``'s refusals.
-        """
-        self._check_fence(key, fence)
-        record = self._records.get(key)
-        if not check_complete(record, outcome):
-            return None
-        assert record is not None
-        return replace(
-            record,
-            state=outcome.state,
-            retryable=outcome.retryable,
-            result=outcome.result,
-            complete_fence=fence,
-            complete_time=self._store.now(),
-            external_operation_id=outcome.external_operation_id,
-        )
-
-    async def complete(self, key: EffectKey, fence: int, outcome: Outcome) -> Effect:
-        """Records an outcome (``protocol.EffectStore.complete``; ``EffectLedger.complete``)."""
-        await asyncio.sleep(0)
-        record = self._decide_complete(key, fence, outcome)
-        if record is None:
-            return self._records[key]
-        self._write(key, record)
-        return record
-
-    async def complete_and_save(
-        self,
-        key: EffectKey,
-        fence: int,
-        outcome: Outcome,
-        ref: LeaseRef,
-        checkpoint: CheckpointWrite,
-    ) -> tuple[Effect, Checkpoint]:
-        """An outcome and a checkpoint, both or neither (``EffectLedger.complete_and_save``).
-
-        Both decisions are taken before either is written, so a refusal of
-        the checkpoint (LeaseLost, CheckpointNotNewer) records no outcome, as
-        the PostgreSQL transaction rolls back; the outcome is written first
-        (its history entry comes before the checkpoint's).
-        """
-        await asyncio.sleep(0)
-        decided = self._decide_complete(key, fence, outcome)
-
-        def record_outcome() -> None:
-            if decided is not None:  # None: this outcome is recorded already
-                self._write(key, decided)
-
-        saved, _lease = self._store.save_checkpoint_after(ref, checkpoint, record_outcome)
-        return (decided if decided is not None else self._records[key]), saved
-
-    async def list(
-        self, task: TaskKey, after_effect_key: str, limit: int, state: EffectState | None
-    ) -> builtins.list[Effect]:
-        """A page of a task's effects (``protocol.EffectStore.list``; SQL ``list_effects``)."""
-        await asyncio.sleep(0)
-        found = sorted(
-            (
-                record
-                for key, record in self._records.items()
-                if (key.namespace, key.task_id) == (task.namespace, task.task_id)
-                and key.effect_key > after_effect_key
-                and (state is None or record.state is state)
-            ),
-            key=lambda record: record.effect_key,
-        )
-        return found[:limit]
-
-
 if TYPE_CHECKING:
     _store: type[LeaseStore] = MemoryStore
+    _tasks: type[LedgerTasks] = MemoryStore
     _ledger: type[EffectStore] = MemoryLedger
     _events: type[ChangeFeed] = MemoryEvents
 
 
-def _releasable_held(row: _Row, now: datetime) -> bool:
+def _releasable_held(row: TaskRow, now: datetime) -> bool:
     """A held row whose lease a release or revoke may end: not one already QUARANTINED.
 
     An expired lease whose ending used up the last attempt is QUARANTINED
