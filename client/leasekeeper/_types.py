@@ -50,8 +50,8 @@ class LeaseInfo:
         end_reason: Why the last lease ended (a loss reason name), or None.
         revoke_reason: The operator's reason when the last lease was revoked, else "".
         attempts: Grants of the task that ended without a release (expired,
-            revoked, runtime exceeded, superseded), counting a lease EXPIRED
-            now; an operator's Retry resets it to 0.
+            runtime exceeded, revoked), counting a lease EXPIRED now; an
+            operator's Retry resets it to 0.
         max_attempts: The attempt limit of the current (or last) grant; 0: none.
             When ``attempts`` reaches it and the lease has ended, the task is QUARANTINED.
         cancel_reason: The operator's reason, for a CANCELLED task, else "".
