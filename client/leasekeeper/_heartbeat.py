@@ -146,7 +146,7 @@ class _Beat:
 
     __slots__ = ("saved", "send_time", "written_time")
 
-    def __init__(self, send_time: float, saved: asyncio.Future[int] | None) -> None:
+    def __init__(self, send_time: float, saved: asyncio.Future[tuple[int, bool]] | None) -> None:
         self.send_time = send_time
         self.written_time = float("inf")  # until the write returned
         self.saved = saved  # answered with the stored version, for a checkpoint's beat
@@ -187,7 +187,7 @@ class HeartbeatKeeper:
         )
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # set by stop() and by a checkpoint to carry
-        self._outbox: deque[tuple[pb.Checkpoint, asyncio.Future[int]]] = deque()
+        self._outbox: deque[tuple[pb.Checkpoint, asyncio.Future[tuple[int, bool]]]] = deque()
         self._streaming = False  # a stream is open and has answered a beat
         self._task: asyncio.Task[None] | None = None
         self.lost: LeaseLost | None = None
@@ -228,7 +228,7 @@ class HeartbeatKeeper:
             task.cancel()  # never leave a heartbeat running behind a cancelled exit
             raise
 
-    async def carry_checkpoint(self, checkpoint: pb.Checkpoint) -> int:
+    async def carry_checkpoint(self, checkpoint: pb.Checkpoint) -> tuple[int, bool]:
         """Save ``checkpoint`` with a beat of the open stream, sent at once.
 
         The server decides it as SaveCheckpoint does, in the beat's renewal; a
@@ -239,8 +239,9 @@ class HeartbeatKeeper:
             checkpoint: Its version, data and content type.
 
         Returns:
-            The stored checkpoint's version after the beat: the version sent
-            when it was stored, a higher one when it was not.
+            The stored checkpoint's version after the beat, and whether the
+            stored one is this checkpoint (HeartbeatResponse.checkpoint_saved:
+            saved by the beat, or already stored alike by this fence).
 
         Raises:
             CheckpointNotCarried: No stream is open and answering now, or it
@@ -249,12 +250,12 @@ class HeartbeatKeeper:
         """
         if not self._streaming or self._stop.is_set() or self.lost is not None:
             raise CheckpointNotCarried("no heartbeat stream is open")
-        stored: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        stored: asyncio.Future[tuple[int, bool]] = asyncio.get_running_loop().create_future()
         self._outbox.append((checkpoint, stored))
         self._wake.set()
         return await stored
 
-    def _next_beat(self) -> tuple[pb.HeartbeatRequest, asyncio.Future[int] | None]:
+    def _next_beat(self) -> tuple[pb.HeartbeatRequest, asyncio.Future[tuple[int, bool]] | None]:
         """The next beat after the first: a checkpoint's, when one waits, else an empty one."""
         while self._outbox:
             checkpoint, stored = self._outbox.popleft()
@@ -418,7 +419,7 @@ class HeartbeatKeeper:
             if response.renewed:
                 self.renewal_error = None
             if beat.saved is not None and not beat.saved.done():
-                beat.saved.set_result(response.checkpoint_version)
+                beat.saved.set_result((response.checkpoint_version, response.checkpoint_saved))
             self._backoff.reset()
 
 

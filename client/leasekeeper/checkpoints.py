@@ -134,21 +134,22 @@ class CheckpointWriter:
         """Carry the checkpoint on ``stream``; None when SaveCheckpoint must decide.
 
         Raises:
-            CheckpointNotNewer: The answer says a higher version is stored.
+            CheckpointNotNewer: The answer says another checkpoint of this
+                version or a higher one is stored.
 
         """
         self._unsure = True
         try:
-            stored = await stream.carry_checkpoint(message)
+            stored, saved = await stream.carry_checkpoint(message)
         except CheckpointNotCarried:
             return None
         self._unsure = False
         self._heard(stored)
-        if stored == version:
+        if saved:  # this very checkpoint is the stored one (the version alone cannot tell)
             return Checkpoint(version, message.data, message.content_type, self._fence)
-        if stored > version:
+        if stored >= version:
             raise CheckpointNotNewer.of(version, stored, self._task_id, self._fence)
-        return None  # not stored, and nothing higher: a server that ignores beats' checkpoints
+        return None  # not stored, and nothing as high: a server that ignores beats' checkpoints
 
     def _heard(self, version: int) -> None:
         self._known_version = max(self._known_version, version)

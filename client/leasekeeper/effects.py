@@ -54,7 +54,8 @@ from . import _types
 from ._checkpoint import CheckpointLike
 from ._ports import EffectLease
 from ._types import BeginResult, EffectRecord
-from .errors import EffectFailed, EffectInDoubt, LeaseError
+from .checkpoints import checkpoint_message
+from .errors import CheckpointNotNewer, EffectFailed, EffectInDoubt, LeaseError
 
 P = ParamSpec("P")
 
@@ -238,6 +239,7 @@ class EffectRunner:
 
         """
         self._lease.check()
+        self._check_checkpoint_newer()
         begun = await self._begin()
         if begun.decision == "IN_DOUBT":
             if self._reconcile is None:
@@ -269,15 +271,42 @@ class EffectRunner:
         effect = await self._succeeded(value)
         return EffectOutcome(effect.result, fresh=True, effect=effect)
 
+    def _check_checkpoint_newer(self) -> None:
+        """Refuses, before anything runs, a next checkpoint the lease knows is not newer.
+
+        Raises:
+            CheckpointNotNewer: its version is at most the stored version this
+                lease has heard of (raised locally; nothing is begun or run).
+        """
+        if self._next_checkpoint is None:
+            return
+        version = checkpoint_message(self._next_checkpoint, "next_checkpoint").version
+        known = self._lease.checkpoint_version
+        if version <= known:
+            lease = self._lease
+            raise CheckpointNotNewer.of(version, known, lease.task_id, lease.fence)
+
     async def _succeeded(self, value: EffectValue) -> EffectRecord:
-        """Records SUCCEEDED with the answer, its operation id and the next checkpoint."""
+        """Records SUCCEEDED with the answer, its operation id and the next checkpoint.
+
+        Raises:
+            CheckpointNotNewer: the next checkpoint was refused (another write of
+                this lease stored a version as high meanwhile). The effect did
+                happen, so its outcome is then recorded on its own, never left
+                in doubt, before this is raised.
+        """
         operation_id = value.external_operation_id if isinstance(value, Performed) else ""
-        return await self._complete(
-            "SUCCEEDED",
-            result=_as_bytes(value),
-            external_operation_id=operation_id,
-            next_checkpoint=self._next_checkpoint,
-        )
+        result = _as_bytes(value)
+        try:
+            return await self._complete(
+                "SUCCEEDED",
+                result=result,
+                external_operation_id=operation_id,
+                next_checkpoint=self._next_checkpoint,
+            )
+        except CheckpointNotNewer:
+            await self._complete("SUCCEEDED", result=result, external_operation_id=operation_id)
+            raise
 
     async def _begin(self) -> BeginResult:
         lease = self._lease

@@ -125,8 +125,11 @@ class Settings(BaseSettings):
     max_checkpoint_bytes: int = Field(
         default=262144,
         ge=0,
-        le=64 << 20,
-        description="Largest checkpoint data a worker may save (bytes).",
+        le=3 << 20,
+        description=(
+            "Largest checkpoint data a worker may save (bytes). At most 3 MiB: a claim's "
+            "answer carries the checkpoint, and gRPC clients refuse messages over 4 MiB."
+        ),
     )
     history_max_age_s: float = Field(
         default=30 * 86400.0,

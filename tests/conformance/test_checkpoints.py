@@ -119,7 +119,7 @@ async def test_a_stale_fence_writes_no_checkpoint(world: World) -> None:
     stale = await lost(world, world.ref(first), write(9))
     assert (stale.loss, stale.current_fence) == (LossReason.LEASE_SUPERSEDED, second.fence)
     with pytest.raises(LeaseLost) as renewal:
-        await world.store.renew(world.ref(first), MINUTE, write(9))
+        await world.store.write_checkpoint(world.ref(first), write(9), MINUTE)
     assert renewal.value.loss is LossReason.LEASE_SUPERSEDED
     stored = await world.store.get_checkpoint(world.key())
     assert stored is not None and (stored.version, stored.fence) == (1, first.fence)
@@ -139,18 +139,27 @@ async def test_a_new_fence_writes_a_higher_version_only(world: World) -> None:
 
 async def test_a_renewal_carries_a_checkpoint(world: World) -> None:
     lease = await world.held(ttl=MINUTE)
-    renewed = await world.store.renew(world.ref(lease), 5 * MINUTE, write(1, b"one"))
+    renewed, saved = await world.store.write_checkpoint(
+        world.ref(lease), write(1, b"one"), 5 * MINUTE
+    )
     assert renewed.checkpoint_version == 1 and renewed.checkpoint_size == 3
+    assert saved is not None and (saved.version, saved.data) == (1, b"one")
     assert close_to(renewed.remaining_ttl, 5 * MINUTE)
     # A version that does not move forward is not stored; the renewal still happens.
     await world.advance(MINUTE)
-    again = await world.store.renew(world.ref(lease), 5 * MINUTE, write(1, b"other"))
+    again, other = await world.store.write_checkpoint(
+        world.ref(lease), write(1, b"other"), 5 * MINUTE
+    )
+    assert other is None  # the same version, other data: not this write's
     assert again.checkpoint_version == 1 and close_to(again.remaining_ttl, 5 * MINUTE)
     stored = await world.store.get_checkpoint(world.key())
     assert stored is not None and stored.data == b"one"
+    resent, same = await world.store.write_checkpoint(world.ref(lease), write(1, b"one"), MINUTE)
+    assert same is not None and same.data == b"one"  # a resend of the stored one by its fence
     # No ttl: the checkpoint only, the expiry stays.
-    kept = await world.store.renew(world.ref(lease), None, write(2, b"two"))
-    assert kept.checkpoint_version == 2 and kept.expire_time == again.expire_time
+    kept, two = await world.store.write_checkpoint(world.ref(lease), write(2, b"two"))
+    assert two is not None and kept.checkpoint_version == 2
+    assert kept.expire_time == resent.expire_time
 
 
 async def test_a_claim_hands_the_checkpoint_over(world: World) -> None:

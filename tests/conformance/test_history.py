@@ -47,7 +47,7 @@ async def test_a_run_is_recorded_in_order(world: World) -> None:
     base = first.fence
     await world.store.renew(world.ref(first), MINUTE)  # a renewal is no entry
     await world.store.save_checkpoint(world.ref(first), CheckpointWrite(1, b"abc", "text/plain"))
-    await world.store.renew(world.ref(first), MINUTE, CheckpointWrite(1, b"abc", ""))  # kept
+    await world.store.write_checkpoint(world.ref(first), CheckpointWrite(1, b"abc", ""), MINUTE)
     effect = EffectKey(world.namespace, "t", "email")
     await world.ledger.begin(BeginRequest(effect, base, EffectPolicy.ONCE, b"d"))
     await world.ledger.begin(BeginRequest(effect, base, EffectPolicy.ONCE, b"d"))  # in doubt

@@ -680,3 +680,29 @@ async def test_revoking_a_token_ends_its_open_streams_and_waiting_claims(
         with pytest.raises(grpc.aio.AioRpcError) as ended:
             await asyncio.wait_for(call, 5.0)
         assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_effect_token_cannot_write_a_checkpoint_through_complete_effect(stub, db, namespace):
+    """next_checkpoint writes what SaveCheckpoint writes: the effect role may not send it."""
+    worker = bearer(await make_token(db, "worker", namespace))
+    effect = bearer(await make_token(db, "effect", namespace))
+    claim = pb.ClaimRequest(namespace=namespace, task_id="t", owner_id="w", ttl=dur(30))
+    lease = (await stub.Claim(claim, metadata=worker)).lease
+    begin = pb.BeginEffectRequest(
+        namespace=namespace, task_id="t", fence=lease.fence, effect_key="e",
+        policy=pb.EFFECT_POLICY_ONCE,
+    )  # fmt: skip
+    await stub.BeginEffect(begin, metadata=effect)
+    complete = pb.CompleteEffectRequest(
+        namespace=namespace, task_id="t", fence=lease.fence, effect_key="e",
+        outcome=pb.EFFECT_STATE_SUCCEEDED,
+        next_checkpoint=pb.Checkpoint(version=10**12, data=b"x"),
+    )  # fmt: skip
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.CompleteEffect(complete, metadata=effect)
+    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    got = await stub.GetLease(pb.GetLeaseRequest(namespace=namespace, task_id="t"), metadata=worker)
+    assert got.lease.checkpoint_version == 0  # nothing stored, the outcome neither
+    complete.ClearField("next_checkpoint")
+    done = await stub.CompleteEffect(complete, metadata=effect)  # without it: its own call
+    assert done.effect.state == pb.EFFECT_STATE_SUCCEEDED

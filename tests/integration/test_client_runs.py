@@ -384,3 +384,58 @@ async def test_lease_effect_saves_the_next_checkpoint_with_its_outcome(worker):
     assert [(e.effect_key, e.external_operation_id) for e in completed] == [("charge", "pay_7")]
     checkpoints = [e.checkpoint_version for e in entries if e.kind is HistoryKind.CHECKPOINT_SAVED]
     assert checkpoints == [1]
+
+
+async def test_lease_effect_refuses_a_next_checkpoint_it_knows_is_not_newer(worker):
+    from leasekeeper import CheckpointNotNewer
+
+    client = worker()
+    runs: list[str] = []
+    async with client.hold(TASK, ttl=TTL_S) as lease:
+        await lease.save_checkpoint(3, b"three")
+
+        @lease.effect("charge", policy="ONCE", next_checkpoint=(3, b"again"))
+        async def charge() -> str:
+            runs.append("charge")
+            return "r"
+
+        with pytest.raises(CheckpointNotNewer) as refused:
+            await charge()
+    assert refused.value.current_version == 3
+    assert runs == []  # refused before anything was begun or run
+    effects, _ = await client.list_effects(TASK)
+    assert effects == []
+
+
+async def test_an_effect_whose_checkpoint_lost_a_race_is_recorded_not_left_in_doubt(worker):
+    from leasekeeper import CheckpointNotNewer
+
+    client = worker()
+    async with client.hold(TASK, ttl=TTL_S) as lease:
+
+        @lease.effect("charge", policy="ONCE", next_checkpoint=(5, b"after charge"))
+        async def charge() -> str:
+            # another write of this lease stores version 5 while the effect runs
+            await client.save_checkpoint(TASK, lease.fence, 5, b"from elsewhere")
+            return "receipt"
+
+        with pytest.raises(CheckpointNotNewer):
+            await charge()
+        again = await charge()  # the outcome was recorded: nothing runs twice
+    assert (again.fresh, again.result) == (False, b"receipt")
+    saved = await client.get_checkpoint(TASK)
+    assert saved is not None and saved.data == b"from elsewhere"
+
+
+async def test_a_beat_carried_checkpoint_of_a_stored_version_with_other_data_is_refused(worker):
+    from leasekeeper import CheckpointNotNewer
+
+    client = worker()
+    async with client.hold(TASK, ttl=TTL_S) as lease:
+        await stream_answering(lease)
+        await client.save_checkpoint(TASK, lease.fence, 5, b"Y")  # behind the lease's back
+        with pytest.raises(CheckpointNotNewer) as refused:
+            await lease.save_checkpoint(5, b"X")  # carried on a beat: not this one's
+        assert refused.value.current_version == 5
+    saved = await client.get_checkpoint(TASK)
+    assert saved is not None and saved.data == b"Y"

@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from leasekeeper.v1 import lease_service_pb2 as pb
+from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests.helpers import bad_request_fields, error_info
 from tests.integration.contract_helpers import (
     backdate,
@@ -523,3 +524,69 @@ async def test_an_expired_lease_that_used_up_the_last_attempt_stays_quarantined(
     revoked = await stub.Revoke(pb.RevokeRequest(namespace=namespace, task_id="t", reason="r"))
     assert (revoked.revoked, revoked.lease.state) == (False, pb.TASK_STATE_QUARANTINED)
     assert (await get_lease(stub, namespace, "t")).state == pb.TASK_STATE_QUARANTINED
+
+
+async def test_heartbeat_says_whether_its_own_checkpoint_is_the_stored_one(stub, namespace, db):
+    a = await grant(stub, namespace, "t", "a", ttl_s=30.0)
+    await save(stub, a, 5, b"Y")
+    call, _ = await heartbeat_on(stub, a)
+    await call.write(pb.HeartbeatRequest(checkpoint=pb.Checkpoint(version=5, data=b"X")))
+    other = await call.read()  # the same version, other data: not this beat's checkpoint
+    assert (other.checkpoint_version, other.checkpoint_saved) == (5, False)
+    await call.write(pb.HeartbeatRequest(checkpoint=pb.Checkpoint(version=5, data=b"Y")))
+    resent = await call.read()  # the stored one, resent by its fence
+    assert (resent.checkpoint_version, resent.checkpoint_saved) == (5, True)
+    await call.write(pb.HeartbeatRequest(checkpoint=pb.Checkpoint(version=6, data=b"Z")))
+    saved = await call.read()
+    assert (saved.checkpoint_version, saved.checkpoint_saved) == (6, True)
+    await call.write(pb.HeartbeatRequest())
+    plain = await call.read()
+    assert plain.checkpoint_saved is False
+    await call.done_writing()
+    assert bytes((await row(db, namespace, "t"))["checkpoint_data"]) == b"Z"
+
+
+async def test_a_refused_fence_is_one_history_entry_and_an_unknown_one_none(stub, namespace, db):
+    a = await grant(stub, namespace, "t", "a", ttl_s=30.0)
+    await release(stub, namespace, "t", "a", a.fence)
+    b = await grant(stub, namespace, "t", "b", ttl_s=30.0)
+    for _ in range(5):  # the same stale fence, asked again and again
+        assert not (await validate(stub, namespace, "t", a.fence)).valid
+    assert not (await validate(stub, namespace, "t", b.fence + 1000)).valid  # never issued
+    entries = await history(stub, namespace, "t")
+    refused = [e for e in entries if e.kind == pb.HISTORY_KIND_FENCE_REFUSED]
+    assert [(e.fence, e.reason, e.method) for e in refused] == [
+        (a.fence, "LEASE_SUPERSEDED", "ValidateFence")
+    ]
+
+
+async def test_retried_complete_effects_with_checkpoints_never_wait_for_the_pool(
+    database_url, namespace
+):
+    """A retry's idempotency read uses the transaction's own connection, not a second one."""
+    from tests.conftest import running_server
+
+    async with running_server(database_url, pool_max_size=3) as running:
+        async with grpc.aio.insecure_channel(running.target) as channel:
+            small = rpc.LeaseServiceStub(channel)
+            requests = []
+            for n in range(12):
+                lease = await grant(small, namespace, f"t{n}", "a", ttl_s=30.0)
+                await small.BeginEffect(
+                    pb.BeginEffectRequest(
+                        namespace=namespace, task_id=f"t{n}", fence=lease.fence,
+                        effect_key="e", policy=pb.EFFECT_POLICY_ONCE,
+                    )
+                )  # fmt: skip
+                request = pb.CompleteEffectRequest(
+                    namespace=namespace, task_id=f"t{n}", fence=lease.fence, effect_key="e",
+                    outcome=pb.EFFECT_STATE_SUCCEEDED,
+                    next_checkpoint=pb.Checkpoint(version=1, data=b"done"),
+                )  # fmt: skip
+                await small.CompleteEffect(request)
+                requests.append(request)
+            # every retry at once: each holds a connection for its transaction
+            replies = await asyncio.gather(
+                *(small.CompleteEffect(r, timeout=20) for r in requests * 3)
+            )
+    assert all(r.checkpoint.version == 1 for r in replies)

@@ -118,13 +118,16 @@ class RunServer(FakeLeaseServer):
             if self.cut_checkpoint_beats:
                 call.end(test_client_errors.rpc_error(grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN"))
                 return
-            self.store(request.checkpoint)
+            saved = self.store(request.checkpoint)
+        else:
+            saved = False
         call.answers.put_nowait(
             pb.HeartbeatResponse(
                 fence=self.fence,
                 remaining_ttl=dur(self.granted_ttl_s),
                 renewed=True,
                 checkpoint_version=self.version,
+                checkpoint_saved=saved,
             )
         )
 

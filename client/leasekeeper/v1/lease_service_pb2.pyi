@@ -317,18 +317,20 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("fence", "expire_time", "remaining_ttl", "renewed", "checkpoint_version")
+    __slots__ = ("fence", "expire_time", "remaining_ttl", "renewed", "checkpoint_version", "checkpoint_saved")
     FENCE_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     REMAINING_TTL_FIELD_NUMBER: _ClassVar[int]
     RENEWED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SAVED_FIELD_NUMBER: _ClassVar[int]
     fence: int
     expire_time: _timestamp_pb2.Timestamp
     remaining_ttl: _duration_pb2.Duration
     renewed: bool
     checkpoint_version: int
-    def __init__(self, fence: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., renewed: _Optional[bool] = ..., checkpoint_version: _Optional[int] = ...) -> None: ...
+    checkpoint_saved: bool
+    def __init__(self, fence: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., renewed: _Optional[bool] = ..., checkpoint_version: _Optional[int] = ..., checkpoint_saved: _Optional[bool] = ...) -> None: ...
 
 class GetLeaseRequest(_message.Message):
     __slots__ = ("namespace", "task_id")

@@ -179,7 +179,7 @@ class LeaseServiceServicer:
         carries the current fence and the reason (LEASE_SUPERSEDED,
         LEASE_EXPIRED, LEASE_RELEASED, LEASE_REVOKED, RUNTIME_EXCEEDED,
         TASK_COMPLETED, TASK_CANCELLED, TASK_FAILED, FENCE_UNKNOWN). A refused
-        fence of an existing task is written to the task's history.
+        stale fence is written to the task's history (HISTORY_KIND_FENCE_REFUSED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -246,8 +246,8 @@ class LeaseServiceServicer:
         ABORTED  the fence may not act: LEASE_EXPIRED, LEASE_SUPERSEDED,
         LEASE_RELEASED, LEASE_REVOKED, RUNTIME_EXCEEDED,
         TASK_COMPLETED, TASK_CANCELLED, TASK_FAILED, FENCE_UNKNOWN.
-        Nothing is reserved; the refusal is written to the task's
-        history.
+        Nothing is reserved; a stale fence's refusal is written to
+        the task's history (HISTORY_KIND_FENCE_REFUSED).
         FAILED_PRECONDITION  EFFECT_KEY_REUSED: the key was reserved with
         another policy or another request_digest.
         """
@@ -365,8 +365,9 @@ class LeaseServiceServicer:
 
     def Watch(self, request, context):
         """The events of one task (or of a namespace) as they happen: first a
-        SNAPSHOT of the task, then CLAIMED, RELEASED, EXPIRED, COMPLETED and
-        REVOKED in the order the database committed them. Renewals are not
+        SNAPSHOT of the task, then CLAIMED, RELEASED, EXPIRED, COMPLETED,
+        REVOKED, QUARANTINED, RETRIED, CANCELLED and FAILED in the order the
+        database committed them. Renewals are not
         events. The stream runs until the client cancels it or the server shuts
         down (UNAVAILABLE: watch again, on any replica).
         """

@@ -140,8 +140,12 @@ class _Stream:
             ("owner_id", self._ref.owner_id),
         )
         self._set_ttl(validate.ttl(first, self._settings))
-        self._renewed(await self._store.renew(ref, self._ttl, self._checkpoint(first)))
-        await self._reply(renewed=True)
+        checkpoint = self._checkpoint(first)
+        if checkpoint is None:
+            self._renewed(await self._store.renew(ref, self._ttl))
+            await self._reply(renewed=True)
+        else:
+            await self._renew_saving(checkpoint)
 
         # Beats are read and answered here, one after another, with nothing
         # else to wait for (the cheapest loop per beat); the watchdog task
@@ -159,10 +163,12 @@ class _Stream:
                             return
                         renews = self._beat_renews(message)
                         checkpoint = self._checkpoint(message)
-                        if renews or checkpoint is not None:
+                        if checkpoint is not None:
+                            await self._renew_saving(checkpoint)
+                        elif renews:
                             # Four frames to SQL: Store.renew -> Coalescer.submit ->
                             # Coalescer._drain -> BatchedStatement._run_batch.
-                            self._renewed(await self._store.renew(ref, self._ttl, checkpoint))
+                            self._renewed(await self._store.renew(ref, self._ttl))
                             await self._reply(renewed=True)
                         else:
                             await self._reply(renewed=False)
@@ -228,6 +234,13 @@ class _Stream:
             self._set_ttl(validate.ttl(message, self._settings))
         return time.monotonic() - self._renewed_at >= self._renew_interval_s
 
+    async def _renew_saving(self, checkpoint: CheckpointWrite) -> None:
+        """A beat carrying a checkpoint: renewed and saved in one statement, then answered."""
+        assert self._ref is not None
+        lease, stored = await self._store.write_checkpoint(self._ref, checkpoint, self._ttl)
+        self._renewed(lease)
+        await self._reply(renewed=True, checkpoint_saved=stored is not None)
+
     def _checkpoint(self, message: pb.HeartbeatRequest) -> CheckpointWrite | None:
         """The checkpoint a beat carries, checked; None when it carries none."""
         if not message.HasField("checkpoint"):
@@ -255,7 +268,7 @@ class _Stream:
         self._lease = lease
         self._seen_at = self._renewed_at = time.monotonic()
 
-    async def _reply(self, renewed: bool) -> None:
+    async def _reply(self, renewed: bool, checkpoint_saved: bool = False) -> None:
         lease = self._lease
         assert lease is not None
         remaining = lease.remaining_ttl
@@ -270,6 +283,7 @@ class _Stream:
                 expire_time=convert.timestamp(lease.expire_time),
                 remaining_ttl=convert.duration(remaining),
                 checkpoint_version=lease.checkpoint_version or 0,
+                checkpoint_saved=checkpoint_saved,
             )
         )
 

@@ -26,6 +26,7 @@ from leasekeeper_server.rpc.paging import PageTokens
 from leasekeeper_server.rpc.service import SERVICE_NAME
 from leasekeeper_server.rpc.waiting import TIMER_SLACK_S, Woken, first_of, guarding_credentials
 from leasekeeper_server.rpc.watch import WatchService
+from leasekeeper_server.security import caller as auth
 from leasekeeper_server.settings import Settings
 from leasekeeper_server.storage.protocol import ChangeFeed, EffectStore, LeaseStore
 
@@ -243,6 +244,7 @@ class LeaseServicer:
             record = await self._ledger.complete(key, fence, outcome)
             return pb.CompleteEffectResponse(effect=convert.effect(record))
         checkpoint = validate.checkpoint("next_checkpoint", request.next_checkpoint, self._settings)
+        auth.authorize_method("SaveCheckpoint", "next_checkpoint")
         # The checkpoint is written by the fence's owner: the task's current owner,
         # which _check_fence in the transaction holds to this fence.
         lease = await self._store.get_lease(TaskKey(key.namespace, key.task_id))

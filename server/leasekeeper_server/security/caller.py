@@ -100,3 +100,21 @@ def authorize_namespace(namespace: str) -> None:
     principal = _PRINCIPAL.get()
     if principal is not None and not principal.covers(namespace):
         raise PermissionDenied(f"token {principal.name!r} does not cover namespace {namespace!r}")
+
+
+def authorize_method(method: str, part: str) -> None:
+    """Checks the current caller's role may call ``method``; allows all when auth is off.
+
+    For a part of a call that another method's role guards: CompleteEffect's
+    ``next_checkpoint`` writes what SaveCheckpoint writes, so it needs a role
+    that may call SaveCheckpoint (worker or admin; the effect role may not).
+
+    Raises:
+        PermissionDenied: the role does not include ``method`` (PERMISSION_DENIED).
+    """
+    principal = _PRINCIPAL.get()
+    if principal is not None and not principal.may_call(method):
+        raise PermissionDenied(
+            f"token {principal.name!r} (role {principal.role}) may not send {part}: "
+            f"it writes what {method} writes"
+        )

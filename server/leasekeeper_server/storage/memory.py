@@ -334,21 +334,36 @@ class MemoryStore:
             task, owner_loss(task, ref.owner_id, ref.fence) or LossReason.LEASE_EXPIRED
         )
 
-    async def renew(
-        self, ref: LeaseRef, ttl: timedelta | None, checkpoint: CheckpointWrite | None = None
-    ) -> Lease:
-        """Extends a live lease and stores a checkpoint (``LeaseStore.renew``; SQL ``renew``).
+    async def renew(self, ref: LeaseRef, ttl: timedelta) -> Lease:
+        """Extends a live lease (``LeaseStore.renew``; SQL ``renew``).
 
-        Only the expiry, the update instant and the checkpoint change: no
-        event (not news to anyone); a checkpoint stored is a history entry.
+        Only the expiry and the update instant change: no event (not news to
+        anyone).
+        """
+        await asyncio.sleep(0)
+        now = self.now()
+        new = self._decide_renewal(ref, ttl, None, now)
+        if new is None:
+            raise self._loss(ref, now)
+        self._commit(ref.key, self._rows[ref.key], new)
+        return new.lease(now)
+
+    async def write_checkpoint(
+        self, ref: LeaseRef, checkpoint: CheckpointWrite, ttl: timedelta | None = None
+    ) -> tuple[Lease, Checkpoint | None]:
+        """Stores a checkpoint, renewing when ``ttl`` is given (``LeaseStore.write_checkpoint``).
+
+        A checkpoint stored is a history entry; one not newer is not stored
+        (the renewal, if asked, still is).
         """
         await asyncio.sleep(0)
         now = self.now()
         new = self._decide_renewal(ref, ttl, checkpoint, now)
         if new is None:
             raise self._loss(ref, now)
-        self._commit(ref.key, self._rows[ref.key], new)
-        return new.lease(now)
+        old = self._rows[ref.key]
+        self._commit(ref.key, old, new)
+        return new.lease(now), _this_write(old, new, ref, checkpoint)
 
     def _decide_save(
         self, ref: LeaseRef, checkpoint: CheckpointWrite, now: datetime
@@ -363,15 +378,11 @@ class MemoryStore:
         new = self._decide_renewal(ref, None, checkpoint, now)
         if new is None:
             raise self._loss(ref, now)
-        stored = new.checkpoint
-        if stored is not None and stored is not self._rows[ref.key].checkpoint:
-            return new, stored  # written now
-        this_write = (checkpoint.version, ref.fence, checkpoint.data, checkpoint.content_type)
-        if stored is not None and (
-            (stored.version, stored.fence, stored.data, stored.content_type) == this_write
-        ):
-            return new, stored  # a retry of this very write
-        raise CheckpointNotNewer(checkpoint.version, stored.version if stored else 0)
+        stored = _this_write(self._rows[ref.key], new, ref, checkpoint)
+        if stored is None:
+            current = new.checkpoint
+            raise CheckpointNotNewer(checkpoint.version, current.version if current else 0)
+        return new, stored
 
     async def save_checkpoint(
         self, ref: LeaseRef, checkpoint: CheckpointWrite
@@ -572,12 +583,19 @@ class MemoryStore:
     async def record_refusal(self, key: TaskKey, fence: int, loss: LossReason, method: str) -> None:
         """A FENCE_REFUSED history entry (``protocol.LeaseStore.record_refusal``).
 
-        Nothing for a task never claimed; the owner only when ``fence`` is
-        the current one (SQL ``record_refusal``).
+        Nothing for a task never claimed, for a fence it never issued, nor for
+        a refusal already recorded with this fence, reason and method; the
+        owner only when ``fence`` is the current one (SQL ``record_refusal``).
         """
         await asyncio.sleep(0)
         row = self._rows.get(key)
-        if row is None:
+        if row is None or fence > row.fence:
+            return
+        seen = (fence, loss.value, method)
+        recorded = self._history.of(key)
+        if any(
+            (e.fence, e.reason, e.method) == seen for e in recorded if e.kind == "fence_refused"
+        ):
             return
         self.write_history(
             key,
@@ -643,3 +661,21 @@ def _releasable_held(row: TaskRow, now: datetime) -> bool:
     (``Lease.state``), stored or not yet by the sweep (SQL ``release``, ``revoke``).
     """
     return row.state == "held" and row.lease(now).state is not TaskState.QUARANTINED
+
+
+def _this_write(
+    old: TaskRow, new: TaskRow, ref: LeaseRef, checkpoint: CheckpointWrite
+) -> Checkpoint | None:
+    """The stored checkpoint when it is ``checkpoint`` (``Store.write_checkpoint``), else None.
+
+    Saved by this write (the row's checkpoint changed), or the same version,
+    data and content type already stored by ``ref``'s fence (a retry).
+    """
+    stored = new.checkpoint
+    if stored is None:
+        return None
+    if stored is not old.checkpoint:
+        return stored
+    this = (checkpoint.version, ref.fence, checkpoint.data, checkpoint.content_type)
+    same = (stored.version, stored.fence, stored.data, stored.content_type) == this
+    return stored if same else None

@@ -49,3 +49,7 @@ class MemoryHistory:
         """The task's entries after ``after_sequence``, oldest first, at most ``limit``."""
         entries = self._entries.get(key, [])
         return [entry for entry in entries if entry.sequence > after_sequence][:limit]
+
+    def of(self, key: TaskKey) -> list[HistoryEntry]:
+        """Every entry of the task, oldest first."""
+        return list(self._entries.get(key, []))

@@ -122,17 +122,12 @@ class LeaseStore(Protocol):
         """
         ...
 
-    async def renew(
-        self, ref: LeaseRef, ttl: timedelta | None, checkpoint: CheckpointWrite | None = None
-    ) -> Lease:
+    async def renew(self, ref: LeaseRef, ttl: timedelta) -> Lease:
         """Extends a live lease to ``min(now + ttl, runtime_deadline)``; atomic.
 
         The rule (``core/model.py`` "renew", SQL ``renew``): only the HELD
         lease of ``ref.owner_id`` with ``ref.fence``; an EXPIRED lease is never
-        revived, even by its owner and fence. ``ttl`` None: not extended.
-        ``checkpoint``: stored in the same decision when its version is
-        higher than the stored one (``Lease.checkpoint_version`` of the
-        answer says what is stored).
+        revived, even by its owner and fence.
 
         Returns:
             The renewed lease (``db_now`` the instant of the renewal).
@@ -142,6 +137,25 @@ class LeaseStore(Protocol):
                 RUNTIME_EXCEEDED, LEASE_SUPERSEDED, LEASE_RELEASED,
                 LEASE_REVOKED, TASK_COMPLETED, NOT_OWNER or FENCE_UNKNOWN; its
                 ``current_fence`` is the task's fence (0 if never claimed).
+        """
+        ...
+
+    async def write_checkpoint(
+        self, ref: LeaseRef, checkpoint: CheckpointWrite, ttl: timedelta | None = None
+    ) -> tuple[Lease, Checkpoint | None]:
+        """Stores the checkpoint under ``ref``'s live lease, renewing it when ``ttl`` is given.
+
+        The renewal's rule decides (SQL ``renew``): only the HELD lease of
+        ``ref``, only a version higher than the stored one.
+
+        Returns:
+            The lease after the decision, and the stored checkpoint when it is
+            this write's (saved now, or the same version, data and content type
+            already stored by this fence); None when the version did not move
+            forward (not stored; a renewal, if asked, happened).
+
+        Raises:
+            LeaseLost: (ABORTED) as :meth:`renew`; nothing stored.
         """
         ...
 

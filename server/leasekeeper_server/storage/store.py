@@ -463,27 +463,22 @@ class Store:
                     )
             return row
 
-    async def renew(
-        self, ref: LeaseRef, ttl: timedelta | None, checkpoint: CheckpointWrite | None = None
-    ) -> Lease:
-        """Extends a live lease to least(db clock + ttl, runtime deadline), saving a checkpoint.
+    async def renew(self, ref: LeaseRef, ttl: timedelta) -> Lease:
+        """Extends a live lease to least(db clock + ttl, runtime deadline).
 
         Atomic; never revives an expired lease. Renewals arriving together
         (heartbeat beats, Renew calls, checkpoint writes) share one statement
         (``renew``, batched).
 
-        Args:
-            ref: the lease.
-            ttl: the new remaining time; None: not renewed (the checkpoint only).
-            checkpoint: stored in the same statement when its version is
-                higher than the stored one; the returned lease's
-                ``checkpoint_version`` says what is stored.
-
         Raises:
             LeaseLost: (ABORTED) with the reason the lease is not live.
             DatabaseUnavailable: UNAVAILABLE.
         """
-        row = await self._renew_row(ref, ttl, checkpoint)
+        params = RenewParams(ref.key.namespace, ref.key.task_id, ref.owner_id, ref.fence, ttl)
+        row = await self._renewals.submit(params)  # inline: four frames from here to SQL
+        if row is RUN_ALONE:
+            row = await self.alone(self._renewals, params)
+        assert not isinstance(row, Unsent)  # only claims are left unsent
         if row is not None:
             return lease_from_row(row)
         raise await self._loss(ref)
@@ -517,26 +512,31 @@ class Store:
         assert not isinstance(row, Unsent)  # only claims are left unsent
         return row
 
-    async def save_checkpoint(
-        self, ref: LeaseRef, checkpoint: CheckpointWrite, conn: asyncpg.Connection | None = None
-    ) -> tuple[Checkpoint, Lease]:
-        """Stores the task's checkpoint under a live lease, without renewing it.
+    async def write_checkpoint(
+        self,
+        ref: LeaseRef,
+        checkpoint: CheckpointWrite,
+        ttl: timedelta | None = None,
+        conn: asyncpg.Connection | None = None,
+    ) -> tuple[Lease, Checkpoint | None]:
+        """Stores the task's checkpoint under a live lease, renewing it too when ``ttl`` is given.
 
-        One statement (``renew`` with no ttl), decided on the database clock.
-        Idempotent: the stored version written again by the same fence with
-        the same data and content type answers with it. ``conn``: within that
-        transaction (``EffectLedger.complete_and_save``).
+        One statement (``renew``), decided on the database clock: stored only
+        for the owner of the live current fence, and only with a version
+        higher than the stored one. ``conn``: within that transaction
+        (``EffectLedger.complete_and_save``).
 
         Returns:
-            The stored checkpoint and the task after the write.
+            The lease after the statement, and the stored checkpoint when it is
+            this write's: saved now, or the same version, data and content type
+            already stored by this fence (a retry); None when the version did
+            not move forward (nothing stored; the renewal, if any, happened).
 
         Raises:
             LeaseLost: (ABORTED) the lease is not live; nothing stored.
-            CheckpointNotNewer: (FAILED_PRECONDITION) the version does not move
-                forward; nothing stored.
             DatabaseUnavailable: UNAVAILABLE.
         """
-        row = await self._renew_row(ref, None, checkpoint, conn)
+        row = await self._renew_row(ref, ttl, checkpoint, conn)
         if row is None:
             raise await self._loss(ref)
         lease = lease_from_row(row)
@@ -548,20 +548,50 @@ class Store:
                 ref.fence,
                 row["checkpoint_time"],
             )
-            return written, lease
+            return lease, written
         if lease.checkpoint_version == checkpoint.version:  # a retry of this very write?
-            stored = await self.get_checkpoint(ref.key)
+            stored = await self.get_checkpoint(ref.key, conn)
             if stored is not None and (stored.fence, stored.data, stored.content_type) == (
                 ref.fence,
                 checkpoint.data,
                 checkpoint.content_type,
             ):
-                return stored, lease
-        raise CheckpointNotNewer(checkpoint.version, lease.checkpoint_version or 0)
+                return lease, stored
+        return lease, None
 
-    async def get_checkpoint(self, key: TaskKey) -> Checkpoint | None:
-        """The task's checkpoint with its data; None when none was saved (or never claimed)."""
-        row = await self._fetchrow("get_checkpoint", key.namespace, key.task_id)
+    async def save_checkpoint(
+        self, ref: LeaseRef, checkpoint: CheckpointWrite, conn: asyncpg.Connection | None = None
+    ) -> tuple[Checkpoint, Lease]:
+        """Stores the task's checkpoint under a live lease, without renewing it (SaveCheckpoint).
+
+        :meth:`write_checkpoint`, refusing a checkpoint that is not stored.
+
+        Returns:
+            The stored checkpoint and the task after the write.
+
+        Raises:
+            LeaseLost: (ABORTED) the lease is not live; nothing stored.
+            CheckpointNotNewer: (FAILED_PRECONDITION) the version does not move
+                forward; nothing stored.
+            DatabaseUnavailable: UNAVAILABLE.
+        """
+        lease, stored = await self.write_checkpoint(ref, checkpoint, None, conn)
+        if stored is None:
+            raise CheckpointNotNewer(checkpoint.version, lease.checkpoint_version or 0)
+        return stored, lease
+
+    async def get_checkpoint(
+        self, key: TaskKey, conn: asyncpg.Connection | None = None
+    ) -> Checkpoint | None:
+        """The task's checkpoint with its data; None when none was saved (or never claimed).
+
+        ``conn``: read in that transaction (never a second pooled connection
+        while it holds one: a pool of waiting holders would deadlock).
+        """
+        if conn is not None:
+            row = await conn.fetchrow(self._sql["get_checkpoint"], key.namespace, key.task_id)
+        else:
+            row = await self._fetchrow("get_checkpoint", key.namespace, key.task_id)
         return checkpoint_from_row(row) if row is not None else None
 
     async def release(

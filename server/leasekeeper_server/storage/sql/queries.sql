@@ -482,16 +482,23 @@ WHERE t.namespace = $1::text AND t.task_id = $2::text
 RETURNING {{lease_columns}}, clock_timestamp() AS db_now;
 
 -- name: record_refusal
--- A history entry for a fence refused at ValidateFence or BeginEffect ($5 the
--- method): fence $3, its LossReason name $4. Only for a task that exists (a
--- never-claimed task has no history), with the owner when $3 is the current
--- fence.
+-- A history entry for a stale fence refused at ValidateFence or BeginEffect
+-- ($5 the method): fence $3, its LossReason name $4, with the owner when $3
+-- is the current fence. Only a fence the task has issued (one above it is
+-- unknown, not stale: anyone could send any number), and only the first
+-- refusal of each fence, reason and method, so a caller repeating a refused
+-- call cannot push the task's own entries out of its kept history. Nothing
+-- for a task never claimed.
 INSERT INTO leasekeeper_task_history
     (namespace, task_id, event_time, kind, fence, owner_id, reason, method)
 SELECT t.namespace, t.task_id, clock_timestamp(), 'fence_refused', $3::bigint,
        CASE WHEN t.fence = $3::bigint THEN t.owner_id ELSE '' END, $4::text, $5::text
 FROM leasekeeper_tasks t
-WHERE t.namespace = $1::text AND t.task_id = $2::text;
+WHERE t.namespace = $1::text AND t.task_id = $2::text AND $3::bigint <= t.fence
+  AND NOT EXISTS (SELECT 1 FROM leasekeeper_task_history h
+                  WHERE h.namespace = t.namespace AND h.task_id = t.task_id
+                    AND h.kind = 'fence_refused' AND h.fence = $3::bigint
+                    AND h.reason = $4::text AND h.method = $5::text);
 
 -- name: list_history
 -- One page of a task's history after sequence $3 (keyset), oldest first.
