@@ -3,16 +3,23 @@
 Inputs are plain data, so the checker is a pure function that unit tests can
 feed with hand-made histories (``tests/unit/test_history_checker.py``):
 
-* ``events``: what every worker was told, one dict per JSON line written by
-  :mod:`tests.fault.history.worker` (``ev`` names the event);
+* ``events``: what every worker and the operator were told, one dict per
+  JSON line written by :mod:`tests.fault.history.worker` and
+  :mod:`tests.fault.history.operator` (``ev`` names the event);
 * ``faults``: what the workload did to the workers, servers and networks,
   with monotonic times (``t``, ``until``);
 * ``versions``: every version of every task row, in the order the database
   wrote them (``history_task_versions``, written by a trigger in the same
-  transaction as the change, instants as microseconds on the database clock);
+  transaction as the change, instants as microseconds on the database clock).
+  Each version carries the task's ``attempts`` and ``max_attempts`` and its
+  checkpoint (``checkpoint_version``, ``checkpoint_fence``, ``checkpoint_us``,
+  ``checkpoint_data``); versions without these keys (an older record) have no
+  checkpoint and no attempt limit;
 * ``tasks``: the task rows at the end; ``applies``: the outside system's record
   of every effect applied (``history_applies``, in commit order per task);
-  ``effects``: the effect ledger's records at the end.
+  ``effects``: the effect ledger's records at the end;
+* ``task_history`` (optional): the service's own task history
+  (``leasekeeper_task_history``, by sequence, ``event_us``).
 
 The properties (each violation is one line naming the evidence):
 
@@ -26,7 +33,10 @@ The properties (each violation is one line naming the evidence):
    supersedes its own lease): no two owners hold a task at one database instant.
 3. ``validate``: ValidateFence answered valid only at an instant inside its
    fence's lease (between its claim_time and its end or the next fence's
-   claim_time, whichever is sooner).
+   claim_time, whichever is sooner), except after a Cancel's instant when it
+   was sent before the Cancel was acknowledged: the Cancel cuts the lease at
+   its clock reading, before it commits, and a read that began before the
+   commit answers from the row it read (the instant it reports is read later).
    ``no-revival``: a renewal never extends a lease after its expire_time.
    ``remaining-ttl``: every grant's ``remaining_ttl`` is consistent with its
    ``expire_time`` and ``claim_time`` (the instant the answer describes,
@@ -45,6 +55,35 @@ The properties (each violation is one line naming the evidence):
    unless it was paused (SIGSTOP) or starved of the CPU (a ``stall`` event:
    its event loop woke 0.1 s or more late) around that moment: such a process
    cannot run its timers, which is what fencing is for.
+6. ``checkpoint``: a write is a version whose checkpoint differs from the
+   task's previous version. Every write moves the version forward (nothing
+   clears a checkpoint) and was made by the task's current fence, its owner,
+   while that lease was live: the version before it is the same fence's
+   ``held`` row with an expire_time after the write's instant. The data names
+   the fence that wrote it. Every checkpoint handed out (with a grant, by
+   GetLease, the task's row at the end) is one of these writes, unchanged; a
+   grant hands out exactly the checkpoint stored when it was granted, so per
+   task the versions grants hand out never go back in fence order. A save
+   acknowledged OK is a write of that fence and version (a stale fence's save
+   is never acknowledged) and is not lost: the task's final version is at
+   least its version. A save refused as not newer is a violation too: only
+   the saving fence wrote since its grant, in rising versions.
+7. ``terminal``: after a version COMPLETED, FAILED or CANCELLED the task never
+   changes again (no grant, no checkpoint); a Cancel, complete or fail
+   acknowledged OK is the task's final state.
+8. ``attempts``: no grant takes a QUARANTINED task (a stored ``quarantined``
+   row, or an expired lease whose ending used up the last attempt) and a
+   Retry puts back only a QUARANTINED task. Assuming every claim of a task
+   carries the same limit (the workload's do): no grant is an attempt beyond
+   ``max_attempts``, and a QUARANTINED task (stored, or answered by GetLease)
+   has used exactly ``max_attempts``.
+9. ``task-history``: the service's task history has a GRANTED entry for every
+   grant (fence, owner, attempt) and a CHECKPOINT_SAVED entry for every
+   checkpoint write (version, fence, instant), and none for a grant or a
+   write the database does not have. Tasks with ``HISTORY_KEPT_PER_TASK``
+   entries or more may have been pruned and are left out.
+
+Properties 6 to 9 (runs) are checked in :mod:`tests.fault.history.runs`.
 """
 
 from __future__ import annotations
@@ -53,10 +92,13 @@ import dataclasses
 import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
-Row = Mapping[str, Any]
-TERMINAL_STATES = frozenset({"released", "completed", "revoked"})
+from .runs import Row, check_runs
+
+# Row states that end the current fence's lease (its expire_time is cut to then, or passed).
+LEASE_ENDED_STATES = frozenset(
+    {"released", "completed", "revoked", "cancelled", "failed", "quarantined", "retried"}
+)
 
 
 @dataclasses.dataclass
@@ -92,7 +134,7 @@ def lease_spans(versions: Iterable[Row]) -> dict[str, list[LeaseSpan]]:
             span = spans[task][fence] = LeaseSpan(fence, v["owner_id"], v["claim_us"], 0)
         if v["state"] == "held":
             span.end_us = max(span.end_us, v["expire_us"])
-        elif v["state"] in TERMINAL_STATES and v["expire_us"] is not None:
+        elif v["state"] in LEASE_ENDED_STATES and v["expire_us"] is not None:
             # A release ends the lease at once (the row's expire_time is cut to then).
             span.end_us = min(span.end_us, v["expire_us"]) if span.end_us else v["expire_us"]
     ordered = {task: [by_fence[f] for f in sorted(by_fence)] for task, by_fence in spans.items()}
@@ -110,6 +152,7 @@ def check(
     applies: Sequence[Row],
     effects: Sequence[Row],
     *,
+    task_history: Sequence[Row] | None = None,
     tolerance_s: float = 0.5,
 ) -> Verdict:
     """Checks one history; see the module docstring for the properties."""
@@ -124,9 +167,10 @@ def check(
     _check_one_holder(spans, out)
     _check_no_revival(versions, out)
     _check_answer_instants(events, out)
-    _check_validate(events, spans, out, counts)
+    _check_validate(events, versions, spans, out, counts)
     _check_effects(events, applies, effects, out, counts)
     _check_trust(events, faults, tolerance_s, out, counts)
+    check_runs(events, versions, tasks, task_history, out, counts)
     counts["grants.database"] = sum(len(s) for s in spans.values())
     refused_by_service = sum(1 for e in events if e["ev"] == "lost" and e.get("code") == "ABORTED")
     counts["lost.refused_by_service"] = refused_by_service
@@ -208,10 +252,25 @@ def _check_one_holder(spans: Mapping[str, list[LeaseSpan]], out: list[str]) -> N
 
 def _check_validate(
     events: Sequence[Row],
+    versions: Sequence[Row],
     spans: Mapping[str, list[LeaseSpan]],
     out: list[str],
     counts: Counter[str],
 ) -> None:
+    # A Cancel cuts the lease at its clock reading, before it commits; a ValidateFence
+    # that read the row before that commit answers from the row it read. Only one
+    # sent after the Cancel was acknowledged must see it.
+    cancelled = {(v["task_id"], v["fence"]): v for v in versions if v["state"] == "cancelled"}
+    held_until: dict[tuple[str, int], int] = {}
+    for v in versions:
+        if v["state"] == "held":
+            key = (v["task_id"], v["fence"])
+            held_until[key] = max(held_until.get(key, 0), v["expire_us"])
+    cancels_acknowledged: dict[str, float] = {}
+    for e in events:
+        if e["ev"] == "cancel":
+            first = cancels_acknowledged.get(e["task"], e["t"])
+            cancels_acknowledged[e["task"]] = min(first, e["t"])
     for e in events:
         if e["ev"] != "validate":
             continue
@@ -219,13 +278,22 @@ def _check_validate(
             counts["validate.refused_own_fence"] += 1
             continue
         counts["validate.valid"] += 1
-        span = next((s for s in spans.get(e["task"], []) if s.fence == e["fence"]), None)
+        task, fence = e["task"], e["fence"]
+        span = next((s for s in spans.get(task, []) if s.fence == fence), None)
         t = e["db_now_us"]
-        if span is None or not span.claim_us <= t < span.reign_end_us:
-            where = (
-                "no such lease" if span is None else f"lease [{span.claim_us}, {span.reign_end_us})"
-            )
-            out.append(f"validate: {e['task']}/{e['fence']} valid at {t}, outside its {where}")
+        if span is not None and span.claim_us <= t < span.reign_end_us:
+            continue
+        cut = cancelled.get((task, fence))
+        if (
+            span is not None
+            and cut is not None
+            and span.claim_us <= t < held_until.get((task, fence), 0)
+            and e.get("sent_t", e["t"]) < cancels_acknowledged.get(task, float("inf"))
+        ):
+            counts["validate.concurrent_with_cancel"] += 1
+            continue
+        where = "no such lease" if span is None else f"lease [{span.claim_us}, {span.reign_end_us})"
+        out.append(f"validate: {task}/{fence} valid at {t}, outside its {where}")
 
 
 def _check_effects(

@@ -3,8 +3,10 @@
 * ``history_task_versions``: every version of every ``leasekeeper_tasks`` row
   of a workload's namespace, written by an AFTER trigger in the same
   transaction as the change, so it is exactly as durable as the change itself.
-  It is the database's record of who held what, when (database clock): the
-  checker compares what workers were told against it.
+  It is the database's record of who held what, when (database clock), of
+  each task's attempts and of every checkpoint write (version, fence, time,
+  data): the checker compares what workers and the operator were told
+  against it.
 * ``history_applies``: the outside system the workers' effects act on. Each
   apply is one transaction that first accepts the worker's fence in
   ``leasekeeper_accepted_fences`` (:mod:`leasekeeper.fence_table`), so a
@@ -35,6 +37,14 @@ CREATE TABLE IF NOT EXISTS history_task_versions (
     end_reason      text,
     recorded_at     timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+-- Added after the first version of this table (a database kept between runs has it).
+ALTER TABLE history_task_versions
+    ADD COLUMN IF NOT EXISTS attempts integer,
+    ADD COLUMN IF NOT EXISTS max_attempts integer,
+    ADD COLUMN IF NOT EXISTS checkpoint_version bigint,
+    ADD COLUMN IF NOT EXISTS checkpoint_fence bigint,
+    ADD COLUMN IF NOT EXISTS checkpoint_time timestamptz,
+    ADD COLUMN IF NOT EXISTS checkpoint_data bytea;
 CREATE INDEX IF NOT EXISTS history_task_versions_task
     ON history_task_versions (namespace, task_id, version_id);
 CREATE OR REPLACE FUNCTION history_record_task_version() RETURNS trigger
@@ -43,9 +53,12 @@ BEGIN
     IF NEW.namespace LIKE 'history-%' THEN
         INSERT INTO history_task_versions
             (namespace, task_id, owner_id, fence, state, expire_time, claim_time,
-             update_time, end_reason)
+             update_time, end_reason, attempts, max_attempts, checkpoint_version,
+             checkpoint_fence, checkpoint_time, checkpoint_data)
         VALUES (NEW.namespace, NEW.task_id, NEW.owner_id, NEW.fence, NEW.state,
-                NEW.expire_time, NEW.claim_time, NEW.update_time, NEW.end_reason);
+                NEW.expire_time, NEW.claim_time, NEW.update_time, NEW.end_reason,
+                NEW.attempts, NEW.max_attempts, NEW.checkpoint_version,
+                NEW.checkpoint_fence, NEW.checkpoint_time, NEW.checkpoint_data);
     END IF;
     RETURN NULL;
 END $$;

@@ -6,8 +6,12 @@
   a fault proxy (server <-> database) and reached by workers through another
   (worker <-> server);
 * ``workers`` worker processes (:mod:`tests.fault.history.worker`) on ``tasks``
-  tasks with a short ttl, each with a target listing every server's proxy (so
-  a worker whose server is gone moves on to the next one);
+  task slots with a short ttl, each with a target listing every server's proxy
+  (so a worker whose server is gone moves on to the next one): they run each
+  task's steps from its checkpoint, and claim the tasks of the first slots
+  with an attempt limit (``max_attempts``);
+* the operator (:mod:`tests.fault.history.operator`), in this process: it
+  reads the tasks, puts quarantined ones back (Retry) and cancels some;
 
 and, for ``duration_s`` seconds, injects faults chosen by a ``random.Random``
 seeded with ``seed``: SIGSTOP/SIGCONT and SIGKILL of workers (a killed worker
@@ -17,9 +21,9 @@ link cut, servers SIGKILLed and restarted, and, when the database is a private
 cluster (:class:`tests.fault.cluster.PgCluster`), PostgreSQL crashed
 (``immediate``: no checkpoint, crash recovery at the next start) and
 restarted under the load. Each fault is recorded with
-its monotonic time. At the end every fault is healed, workers are stopped
-(SIGTERM), the database's record is read, and :func:`checker.check` judges
-the whole history.
+its monotonic time. At the end the operator stops, every fault is healed,
+workers are stopped (SIGTERM), the database's record and the service's task
+history are read, and :func:`checker.check` judges the whole history.
 
 The seed fixes the workload's own choices (which fault, when, for how long,
 and each worker's seed); the operating system's scheduling still varies
@@ -49,8 +53,9 @@ import asyncpg
 from tests.fault.cluster import ClusterError
 from tests.fault.dburl import database_address, proxied
 from tests.fault.history.checker import Verdict, check
+from tests.fault.history.operator import Operator
 from tests.fault.history.schema import ensure_schema
-from tests.fault.history.worker import micros
+from tests.fault.history.worker import History, micros
 from tests.fault.processes import (
     QUICK_OUTAGE_SETTINGS,
     ServerProcess,
@@ -90,7 +95,13 @@ class WorkloadConfig:
         seed: Fixes every random choice of the workload.
         duration_s: Seconds of load and faults.
         workers: Worker processes running at any time.
-        tasks: Tasks they compete for.
+        tasks: Task slots they compete for (each slot's task in turn: one ends,
+            completed, failed or cancelled, and the next one starts).
+        max_attempts: Per slot, the attempt limit its claims carry (the same on
+            every claim of a task, as the checker assumes; 0, or a slot beyond
+            these: none). A task that uses it up is QUARANTINED until the
+            operator's Retry (or Cancel).
+        operator: Run the operator (Retry, Cancel, GetLease reads).
         servers: Server processes.
         ttl_s: Lease ttl of every claim, seconds.
         fault_interval_s: Mean seconds between two faults.
@@ -110,6 +121,8 @@ class WorkloadConfig:
     duration_s: float = 20.0
     workers: int = 5
     tasks: int = 3
+    max_attempts: tuple[int, ...] = (1, 2)
+    operator: bool = True
     servers: int = 2
     ttl_s: float = 1.0
     fault_interval_s: float = 0.7
@@ -239,6 +252,7 @@ class Workload:
             "--name", name,
             "--seed", str(self.rng.randrange(2**32)),
             "--tasks", str(cfg.tasks),
+            "--max-attempts", ",".join(map(str, cfg.max_attempts)),
             "--ttl", str(cfg.ttl_s),
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("LEASEKEEPER_")}
@@ -364,16 +378,23 @@ class Workload:
         finally:
             await conn.close()
         started = time.monotonic()
+        operator: asyncio.Task[None] | None = None
         try:
             await self.start_links()
             for _ in range(cfg.workers):
                 await self.start_worker()
+            if cfg.operator:
+                operator = asyncio.get_running_loop().create_task(self.operate())
             end = started + cfg.duration_s
             while (now := time.monotonic()) < end:
                 await asyncio.sleep(min(self.rng.expovariate(1 / cfg.fault_interval_s), end - now))
                 if time.monotonic() < end:
                     await self.inject(self.rng.choice(cfg.faults))
         finally:
+            if operator is not None:  # a call in flight is cancelled: its answer stays unknown
+                operator.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await operator
             await self.heal_all()
             await self.stop_workers()
             for link in self.links:
@@ -394,6 +415,18 @@ class Workload:
         verdict.counts["workers.started"] = len(self.workers)
         elapsed_s = time.monotonic() - started
         return Report(cfg, self.namespace, verdict, elapsed_s, self.clock_offsets)
+
+    async def operate(self) -> None:
+        """Runs the operator until cancelled."""
+        operator = Operator(
+            self.target(0),
+            self.namespace,
+            self.config.tasks,
+            History(str(self.workdir / "op.jsonl"), "op"),
+            # Its own random choices: the workload's (its faults) stay those of the seed.
+            self.config.seed * 1_000_003 + 1,
+        )
+        await operator.run()
 
     async def heal_all(self) -> None:
         # Let every pending heal run (a cancelled restart could leave a half-started
@@ -427,7 +460,7 @@ class Workload:
 
     async def judge(self) -> Verdict:
         events: list[dict[str, Any]] = []
-        for path in sorted(self.workdir.glob("w*.jsonl")):
+        for path in sorted([*self.workdir.glob("w*.jsonl"), *self.workdir.glob("op.jsonl")]):
             for line in path.read_text().splitlines():
                 with contextlib.suppress(json.JSONDecodeError):  # a line cut by SIGKILL
                     events.append(json.loads(line))
@@ -439,6 +472,9 @@ class Workload:
                 "SELECT * FROM history_task_versions WHERE namespace = $1 ORDER BY version_id", ns
             )
             tasks = await conn.fetch("SELECT * FROM leasekeeper_tasks WHERE namespace = $1", ns)
+            history = await conn.fetch(
+                "SELECT * FROM leasekeeper_task_history WHERE namespace = $1 ORDER BY sequence", ns
+            )
             applies = await conn.fetch(
                 "SELECT * FROM history_applies WHERE namespace = $1 ORDER BY apply_id", ns
             )
@@ -449,17 +485,24 @@ class Workload:
             events,
             self.faults,
             [_microsecond_row(r) for r in versions],
-            [dict(r) for r in tasks],
+            [_microsecond_row(r) for r in tasks],
             [dict(r) for r in applies],
             [_effect_row(r) for r in effects],
+            task_history=[_microsecond_row(r) for r in history],
         )
 
 
 def _microsecond_row(row: asyncpg.Record) -> dict[str, Any]:
+    """A row as the checker reads it: instants as microseconds (``*_us``), data as text."""
     out = dict(row)
-    for name in ("expire_time", "claim_time", "update_time"):
-        value = out.pop(name)
-        out[name.replace("_time", "_us")] = micros(value) if isinstance(value, datetime) else None
+    for name in ("expire_time", "claim_time", "update_time", "checkpoint_time", "event_time"):
+        if name in out:
+            value = out.pop(name)
+            us = micros(value) if isinstance(value, datetime) else None
+            out[name.replace("_time", "_us")] = us
+    data = out.get("checkpoint_data")
+    if data is not None:
+        out["checkpoint_data"] = bytes(data).decode(errors="replace")
     return out
 
 
