@@ -79,6 +79,11 @@ CREATE TABLE leasekeeper_task_history (
 CREATE INDEX leasekeeper_task_history_task
     ON leasekeeper_task_history (namespace, task_id, sequence);
 CREATE INDEX leasekeeper_task_history_age ON leasekeeper_task_history (event_time);
+-- The refusals of a task's fences: record_refusal writes each fence, reason
+-- and method once, and finds the earlier one here without reading the
+-- task's other entries (partial: only refusal entries are in it).
+CREATE INDEX leasekeeper_task_history_refused
+    ON leasekeeper_task_history (namespace, task_id, fence) WHERE kind = 'fence_refused';
 
 -- The count pruner's progress: entries up to this sequence have had their
 -- task's count checked. One row; a pruner locks it (SKIP LOCKED), so one
