@@ -375,3 +375,32 @@ def owner_loss(lease: Lease | None, owner_id: str, fence: int) -> LossReason | N
     ):
         return LossReason.NOT_OWNER
     return reason
+
+
+def release_refusal(
+    lease: Lease | None, ref: LeaseRef, complete: bool, fail: bool
+) -> LossReason | None:
+    """Why a release that changed no row is refused, or None when it was already made.
+
+    The rule behind Release's idempotency (SQL ``release`` decides the rest):
+    this owner and fence ended the lease already, the same way (released,
+    completed, failed), or asks a plain release after the task ended (it stays
+    ended). Otherwise ``owner_loss``'s reason (LEASE_SUPERSEDED when none).
+    """
+    reason = owner_loss(lease, ref.owner_id, ref.fence)
+    ended = (LossReason.LEASE_RELEASED, LossReason.TASK_COMPLETED, LossReason.TASK_FAILED)
+    if (
+        lease is not None
+        and reason in ended
+        and (lease.fence, lease.owner_id) == (ref.fence, ref.owner_id)
+    ):
+        asked = (
+            LossReason.TASK_COMPLETED
+            if complete
+            else LossReason.TASK_FAILED
+            if fail
+            else LossReason.LEASE_RELEASED
+        )
+        if reason is asked or asked is LossReason.LEASE_RELEASED:
+            return None
+    return reason or LossReason.LEASE_SUPERSEDED

@@ -93,6 +93,7 @@ from leasekeeper_server.core.model import (
     TaskKey,
     TaskState,
     owner_loss,
+    release_refusal,
 )
 from leasekeeper_server.storage.memory_clock import Clock, ManualClock, check_aware, utc_now
 from leasekeeper_server.storage.memory_events import MemoryEvents, trigger_events
@@ -447,25 +448,11 @@ class MemoryStore:
             self._commit(ref.key, old, new)
             return new.lease(now)
         task = old.lease(now) if old is not None else None
-        reason = owner_loss(task, ref.owner_id, ref.fence)
-        ended = (LossReason.LEASE_RELEASED, LossReason.TASK_COMPLETED, LossReason.TASK_FAILED)
-        if (
-            task is not None
-            and reason in ended
-            and (task.fence, task.owner_id) == (ref.fence, ref.owner_id)
-        ):
-            asked = (
-                LossReason.TASK_COMPLETED
-                if complete
-                else LossReason.TASK_FAILED
-                if fail
-                else LossReason.LEASE_RELEASED
-            )
-            # Done already by this fence: the same ending again, or a plain
-            # release after the task ended (it stays ended).
-            if reason is asked or asked is LossReason.LEASE_RELEASED:
-                return task
-        raise LeaseLost.of(task, reason or LossReason.LEASE_SUPERSEDED)
+        refused = release_refusal(task, ref, complete, fail)
+        if refused is None:
+            assert task is not None  # a release already made names its lease
+            return task
+        raise LeaseLost.of(task, refused)
 
     async def get_lease(self, key: TaskKey) -> Lease | None:
         """The task's lease now, or None (``protocol.LeaseStore.get_lease``)."""

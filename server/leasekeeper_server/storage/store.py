@@ -54,6 +54,7 @@ from leasekeeper_server.core.model import (
     history_from_row,
     lease_from_row,
     owner_loss,
+    release_refusal,
 )
 from leasekeeper_server.settings import Settings
 from leasekeeper_server.storage import driver_errors, queries
@@ -628,25 +629,11 @@ class Store:
         if row is not None:
             return lease_from_row(row)
         lease = await self.get_lease(ref.key)
-        reason = owner_loss(lease, ref.owner_id, ref.fence)
-        ended = (LossReason.LEASE_RELEASED, LossReason.TASK_COMPLETED, LossReason.TASK_FAILED)
-        if (
-            lease is not None
-            and reason in ended
-            and (lease.fence, lease.owner_id) == (ref.fence, ref.owner_id)
-        ):
-            asked = (
-                LossReason.TASK_COMPLETED
-                if complete
-                else LossReason.TASK_FAILED
-                if fail
-                else LossReason.LEASE_RELEASED
-            )
-            # Done already by this fence: the same ending again, or a plain
-            # release after the task ended (it stays ended).
-            if reason is asked or asked is LossReason.LEASE_RELEASED:
-                return lease
-        raise LeaseLost.of(lease, reason or LossReason.LEASE_SUPERSEDED)
+        refused = release_refusal(lease, ref, complete, fail)
+        if refused is None:
+            assert lease is not None  # a release already made names its lease
+            return lease
+        raise LeaseLost.of(lease, refused)
 
     async def _loss(self, ref: LeaseRef) -> LeaseLost:
         lease = await self.get_lease(ref.key)
