@@ -59,7 +59,7 @@ bench: $(VENV)/.installed ## the benchmark suite (about 15 minutes): bench/resul
 bench-quick: $(VENV)/.installed ## the benchmark suite in short windows (under 2 minutes; CI runs it)
 	$(PY) -m bench.run --quick --out bench/results/quick
 
-demo: $(VENV)/.installed ## the paused-worker and crashed-worker scenarios on real processes
+demo: $(VENV)/.installed ## the paused-worker, crashed-worker and resumed-run scenarios on real processes
 	$(PY) examples/demo.py
 
 clean: ## remove the virtual environment and the npm packages

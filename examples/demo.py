@@ -491,7 +491,7 @@ class Demo:
         expected = [("1", a_fence), ("2", a_fence), ("3", b_fence), ("4", b_fence)]
         self.check(parts == expected, "parts 1-2 from A's fence, 3-4 from B's, each once")
 
-        narrate(f"The task's history (ListTaskHistory; `leasekeeper tasks history {task}`)")
+        narrate(f"The task's history (`leasekeeper tasks history {self.namespace} {task}`)")
         async with LeaseClient(self.target, namespace=self.namespace) as client:
             saved = await client.get_checkpoint(task)
             entries = [entry async for entry in client.iter_task_history(task)]

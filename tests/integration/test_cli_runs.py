@@ -97,10 +97,11 @@ async def test_history_json_prints_one_object_per_entry_across_pages(server, stu
     assert [e["sequence"] for e in limited] == sequences[:3]
 
 
-async def test_history_of_a_task_never_claimed_prints_no_entries(server, namespace):
+async def test_history_of_a_task_never_claimed_is_not_found_exits_1(server, namespace):
+    """A mistyped task or namespace says so, as `leases get` does, not an empty table."""
     code, out, err = await run_cli("tasks", "history", "nope", *_where(server, namespace))
-    assert (code, err) == (0, "")
-    assert out.split() == HISTORY_HEADER
+    assert (code, out) == (1, "")
+    assert err.startswith("leasekeeper: NOT_FOUND:") and "never claimed" in err
 
 
 async def test_history_details_show_the_reason_the_checkpoint_and_a_refused_fence(

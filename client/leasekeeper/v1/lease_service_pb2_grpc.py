@@ -131,8 +131,8 @@ class LeaseServiceServicer:
         claim whose reply was lost); with another request_id, a new incarnation
         of the owner: granted with fence = previous fence + 1, superseding the
         earlier lease. HELD by another owner: OK with acquired=false and the
-        holder's remaining ttl. A grant returns the task's checkpoint. Taking over
-        an EXPIRED lease counts it as an attempt (Lease.attempts).
+        holder's remaining ttl. A grant returns the task's checkpoint. An EXPIRED
+        lease is an attempt (Lease.attempts), counted from its expiry.
 
         Errors:
         FAILED_PRECONDITION  TASK_COMPLETED, TASK_FAILED, TASK_CANCELLED: the

@@ -346,7 +346,7 @@ def add_commands(commands: Any) -> None:
         type=_number(int, 1, low_open=False),
         metavar="N",
         help="the attempt limit of claims that set none: after N leases of a task end "
-        "without a release, it is QUARANTINED until `leasekeeper retry` or `cancel`",
+        "without a release, it is QUARANTINED until `leasekeeper tasks retry` or `tasks cancel`",
     )
     clear = sub.add_parser("clear", help="clear some of a namespace's limits", parents=[common])
     clear.add_argument("namespace")

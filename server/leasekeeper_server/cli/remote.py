@@ -312,12 +312,15 @@ def _history_entries(
 
 
 async def _history(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
+    entries = [entry async for entry in _history_entries(stub, args)]
+    if not entries:  # a task never claimed (a mistyped id or namespace) is NOT_FOUND, exit 1
+        request = pb.GetLeaseRequest(namespace=args.namespace, task_id=args.task_id)
+        await stub.GetLease(request, **_call_options(args))
     if args.json:
-        async for entry in _history_entries(stub, args):
+        for entry in entries:
             print(out.to_json(entry), flush=True)
     else:
-        entries = [out.history_shown(entry) async for entry in _history_entries(stub, args)]
-        print(out.table(entries, HISTORY_COLUMNS))
+        print(out.table([out.history_shown(entry) for entry in entries], HISTORY_COLUMNS))
     return 0
 
 
@@ -403,11 +406,12 @@ async def _tasks(stub: Any, args: argparse.Namespace) -> int:
 
 def _task_names(parser: argparse.ArgumentParser) -> None:
     """``[NAMESPACE] TASK_ID``: the namespace positionally, or with -n (default 'default')."""
+    parser.usage = f"leasekeeper tasks {parser.prog.split()[-1]} [NAMESPACE] TASK_ID [options]"
     parser.add_argument(
         "names",
         nargs="+",
-        metavar="[NAMESPACE] TASK_ID",
-        help="the task, after its namespace (or give the namespace with -n)",
+        metavar="NAME",
+        help="[NAMESPACE] TASK_ID: the task, after its namespace (or give it with -n)",
     )
 
 
