@@ -56,7 +56,7 @@ protos-baseline: node_modules/.installed ## publish protos/ as the new breaking-
 bench: $(VENV)/.installed ## the benchmark suite (about 15 minutes): bench/results/results.{md,json,png}
 	$(PY) -m bench.run
 
-bench-quick: $(VENV)/.installed ## the benchmark suite in short windows (under 2 minutes; CI runs it)
+bench-quick: $(VENV)/.installed ## the benchmark suite in short windows (about 2-3 minutes; CI runs it)
 	$(PY) -m bench.run --quick --out bench/results/quick
 
 demo: $(VENV)/.installed ## the paused-worker, crashed-worker and resumed-run scenarios on real processes

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from bench.etcd import etcd_claim, etcd_server
 from bench.loadgen import Op
 from bench.reference_process import REPO_ROOT, Target, log_tail, stop
 from leasekeeper_server.storage import queries
+from leasekeeper_server.storage.statements import ClaimParams
 
 __all__ = [
     "POOL_SIZE",
@@ -114,10 +116,11 @@ async def _pool(dsn: str) -> AsyncIterator[asyncpg.Pool]:
 async def raw_claim(dsn: str, namespace: str) -> AsyncIterator[Op]:
     """An op running the server's claim statement through asyncpg, on a new task each call.
 
-    The statement and arguments of ``Store.claim`` (ttl 30 s, runtime budget
-    1 h, a request id, no lock delay), task ids ``raw-{tag}-{worker}-{call}``,
-    through a pool of 20 connections (the server's default). The database must
-    be migrated (``leasekeeper_server.storage.migrate.migrate``).
+    The statement and arguments of ``Store.claim`` (``ClaimParams``: ttl 30 s,
+    runtime budget 1 h, a request id, no lock delay, no attempt limit), task
+    ids ``raw-{tag}-{worker}-{call}``, through a pool of 20 connections (the
+    server's default). The database must be migrated
+    (``leasekeeper_server.storage.migrate.migrate``).
 
     Yields:
         ``op(worker, call)``; it raises ``RuntimeError`` when no lease was
@@ -126,20 +129,16 @@ async def raw_claim(dsn: str, namespace: str) -> AsyncIterator[Op]:
     sql = queries.load()["claim"]
     tag = _tag()
     owner = f"raw-owner-{tag}"
+    names = [f.name for f in dataclasses.fields(ClaimParams)]
     async with _pool(dsn) as pool:
 
         async def claim(worker: int, call: int) -> object:
             task_id = f"raw-{tag}-{worker}-{call}"
-            row = await pool.fetchrow(  # a batch of one, as Store.claim sends a lone claim
-                sql,
-                [namespace],
-                [task_id],
-                [owner],
-                [TTL],
-                [MAX_RUNTIME],
-                [task_id],
-                [NO_LOCK_DELAY],
+            params = ClaimParams(
+                namespace, task_id, owner, TTL, MAX_RUNTIME, task_id, NO_LOCK_DELAY, None
             )
+            # A batch of one, as Store.claim sends a lone claim: an array per field.
+            row = await pool.fetchrow(sql, *([getattr(params, n)] for n in names))
             if row is None:
                 raise RuntimeError(f"task {task_id} not granted")
             return row

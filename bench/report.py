@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,11 @@ def markdown(results: dict[str, Any]) -> str:
         "p99 ms | server CPU ms/call | DB statements/call |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    scenarios = list(dict.fromkeys(p["scenario"] for p in points if p["target"] == "leasekeeper"))
+    scenarios = list(
+        dict.fromkeys(
+            p["scenario"] for p in points if p["target"] == "leasekeeper" and p.get("rows") is None
+        )
+    )
     levels = sorted({p["concurrency"] for p in points if p.get("rows") is None})
     for scenario in scenarios:
         for c in levels:
@@ -90,6 +95,7 @@ def markdown(results: dict[str, Any]) -> str:
             )
     lines += cpu_budget(points, scenarios, results["machine"]["cpus"])
     lines += before_after(points, scenarios, levels)
+    lines += side_by_side(results.get("comparisons", []))
     if results["quick"]:
         lines += [
             "",
@@ -179,6 +185,44 @@ def before_after(points: list[Point], scenarios: list[str], levels: list[int]) -
     return lines
 
 
+def side_by_side(comparisons: list[dict[str, Any]]) -> list[str]:
+    """The side-by-side comparisons (``bench/runs.py``): each pair's CPU per call and ratios."""
+    if not comparisons:
+        return []
+    lines = [
+        "",
+        "Side by side: two ops in alternating windows of one run (A B, B A, ...), at "
+        f"{max(c['concurrency'] for c in comparisons)} concurrent; server CPU per call (the "
+        "server process), and the CPU per call of the PostgreSQL backends serving the side's "
+        "database (statements and triggers; the ratio a target judges is the server's):",
+        "",
+        "| comparison | A | B | A ops/s | B ops/s | A server CPU ms/call | "
+        "B server CPU ms/call | ratio | per window pair: lowest / median / highest | "
+        "A PostgreSQL CPU ms/call | "
+        "B PostgreSQL CPU ms/call | PostgreSQL ratio |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for c in comparisons:
+        if c["note"]:
+            lines.append(f"| {c['title']} | {c['note']} | | | | | | | | | | |")
+            continue
+        a, b = c["a"], c["b"]
+        rounds = sorted(c["rounds"])
+        spread = (
+            f"{rounds[0]:.2f} / {statistics.median(rounds):.2f} / {rounds[-1]:.2f}"
+            if rounds
+            else "-"
+        )
+        lines.append(
+            f"| {c['title']} | {a['label']} | {b['label']} | {_num(a['rate'])} | "
+            f"{_num(b['rate'])} | {_num(a['cpu_ms_per_call'], '{:.3f}')} | "
+            f"{_num(b['cpu_ms_per_call'], '{:.3f}')} | {_num(c['ratio'], '{:.2f}')} | {spread} | "
+            f"{_num(a['db_cpu_ms_per_call'], '{:.3f}')} | "
+            f"{_num(b['db_cpu_ms_per_call'], '{:.3f}')} | {_num(c['db_ratio'], '{:.2f}')} |"
+        )
+    return lines
+
+
 def targets_table(results: dict[str, Any]) -> list[str]:
     """Each target of the suite, what this run measured, and whether it was met."""
     points = results["points"]
@@ -240,6 +284,14 @@ def targets_table(results: dict[str, Any]) -> list[str]:
                 fleet["acked"] == fleet["sent"] and fleet["p99_ms"] < 50,
             )
         )
+    for c in results.get("comparisons", []):
+        rows.append(
+            (
+                f"{c['title']}: server CPU per call ≤ {c['target']:.2f} x (side by side)",
+                c["note"] or _num(c["ratio"], "{:.2f}"),
+                c["met"],
+            )
+        )
     spread = results.get("scale_spread")
     if spread:
         for scenario, value in spread.items():
@@ -261,17 +313,21 @@ def scale_table(points: list[Point]) -> list[str]:
     if not scaled:
         return []
     lines = [
-        "Cost per call against the table size (64 concurrent):",
+        "Cost per call against the table size (64 concurrent; each size its own database and "
+        "server, the sizes measured in turn, forwards then backwards; PostgreSQL: the backends "
+        "serving that size's server):",
         "",
-        "| scenario | task rows | ops/s | p50 ms | p99 ms | server CPU ms/call | "
-        "DB statements/call |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| scenario | task rows | history entries | ops/s | p50 ms | p99 ms | "
+        "server CPU ms/call | PostgreSQL CPU ms/call | DB statements/call |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in sorted(scaled, key=lambda p: (p["scenario"], p["rows"])):
         lines.append(
-            f"| {TITLES.get(p['scenario'], p['scenario'])} | {p['rows']:,} | {_num(p['rate'])} | "
+            f"| {TITLES.get(p['scenario'], p['scenario'])} | {p['rows']:,} | "
+            f"{_num(p.get('extra', {}).get('history_entries'))} | {_num(p['rate'])} | "
             f"{_num(p['p50_ms'], '{:.2f}')} | {_num(p['p99_ms'], '{:.2f}')} | "
             f"{_num(p['cpu_ms_per_call'], '{:.3f}')} | "
+            f"{_num(p.get('db_cpu_ms_per_call'), '{:.3f}')} | "
             f"{_num(p['statements_per_call'], '{:.2f}')} |"
         )
     return lines
@@ -286,7 +342,11 @@ def chart(results: dict[str, Any], path: Path) -> None:
 
     points = results["points"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    scenarios = list(dict.fromkeys(p["scenario"] for p in points if p["target"] == "leasekeeper"))
+    scenarios = list(
+        dict.fromkeys(
+            p["scenario"] for p in points if p["target"] == "leasekeeper" and p.get("rows") is None
+        )
+    )
     levels = sorted({p["concurrency"] for p in points if p.get("rows") is None})
     width = 0.8 / max(len(levels), 1)
     for i, c in enumerate(levels):

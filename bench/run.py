@@ -16,19 +16,32 @@ Every figure is printed with its ratio to its reference, measured minutes
 apart on the same machine, because absolute numbers on a shared machine
 drift. Server CPU per call is the server process's CPU time (/proc) over the
 calls; database statements per call come from the server's
-``leasekeeper_db_statements_total``. Then the scale run (``bench/scale.py``)
-repeats Claim, Renew and ValidateFence at 64 concurrent over tables of 10^3,
-10^5 and 10^7 task rows. ``--quick`` runs short windows and small tables (CI
-runs it to prove the suite works; nothing asserts a speed).
+``leasekeeper_db_statements_total``.
+
+First, checkpoints and the task history are measured side by side
+(``bench/runs.py``): SaveCheckpoint against Renew, a claim that hands a
+checkpoint back against one that does not, and a claim on this tree against
+one on the last commit before the history (``--timeline-baseline``), each
+pair in alternating windows of one run, as ratios of server CPU per call.
+Last, the scale run (``bench/scale.py``) repeats Claim, Renew,
+ValidateFence, SaveCheckpoint and ListTaskHistory at 64 concurrent over
+tables of 10^3, 10^5 and 10^7 task rows, each with its history, in a
+database and server of its own, in windows that rotate over the sizes.
+``--quick``
+runs short windows and small tables (CI runs it to prove the suite works;
+nothing asserts a speed).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 import uuid
@@ -45,9 +58,10 @@ if str(REPO_ROOT) not in sys.path:
 
 import asyncpg  # noqa: E402
 
-from bench import report, scale, scenarios  # noqa: E402
+from bench import report, runs, scale, scenarios  # noqa: E402
 from bench.fleet import run_fleet  # noqa: E402
 from bench.loadgen import Op, Sample, closed_loop  # noqa: E402
+from bench.paired import Side, Tally, rotate  # noqa: E402
 from bench.procstat import (  # noqa: E402
     command_cpu_seconds,
     cpu_seconds,
@@ -59,7 +73,9 @@ from bench.servers import (  # noqa: E402
     bench_database,
     database_transactions,
     leasekeeper_server,
+    sibling_database,
 )
+from leasekeeper_server.storage.migrate import migrate  # noqa: E402
 
 NAMESPACE = "bench"
 
@@ -94,6 +110,7 @@ class Plan:
     warmup_s: float
     scale_rows: tuple[int, ...]
     scale_duration_s: float
+    scale_rounds: int
     fleet_streams: int
     fleet_interval_s: float
     fleet_duration_s: float
@@ -101,9 +118,9 @@ class Plan:
     @classmethod
     def of(cls, quick: bool) -> Plan:
         if quick:
-            return cls((1, 16, 64, 256), 0.6, 0.2, (1_000, 10_000), 0.6, 1_000, 1.0, 3.0)
+            return cls((1, 16, 64, 256), 0.6, 0.2, (1_000, 10_000), 0.6, 2, 1_000, 1.0, 3.0)
         return cls(
-            (1, 16, 64, 256), 4.0, 1.0, (1_000, 100_000, 10_000_000), 4.0, 20_000, 30.0, 60.0
+            (1, 16, 64, 256), 4.0, 1.0, (1_000, 100_000, 10_000_000), 3.0, 3, 20_000, 30.0, 60.0
         )
 
 
@@ -164,11 +181,13 @@ async def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     from bench import reference
 
     plan = Plan.of(args.quick)
+    if args.scale_rows:
+        plan.scale_rows = tuple(sorted(args.scale_rows))
     points: list[Point] = []
     out = Path(args.out)
     started = time.time()
     async with bench_database(args.database_url) as database_url:
-        server_settings = {
+        server_settings: dict[str, object] = {
             # Every beat is a renewal (no beat answered from memory), so the
             # heartbeat figure measures renewals.
             "min_renew_interval_s": 0,
@@ -181,6 +200,16 @@ async def run_suite(args: argparse.Namespace) -> dict[str, Any]:
             reference.noop_server() as noop,
         ):
             print(f"leasekeeper pid {server.pid} on {server.address}; no-op pid {noop.pid}")
+            comparisons = []
+            if not args.no_comparisons:
+                comparisons = await runs.run_comparisons(
+                    server,
+                    database_url,
+                    runs.PairedPlan.of(args.quick, args.comparison_rounds),
+                    args.timeline_baseline or None,
+                    out / "logs",
+                    server_settings,
+                )
             for scenario in args.scenarios:
                 for concurrency in plan.concurrency:
                     run_id = uuid.uuid4().hex[:8]
@@ -234,7 +263,11 @@ async def run_suite(args: argparse.Namespace) -> dict[str, Any]:
                     }
                 print(f"  {fleet}", flush=True)
                 await settle(server)
-            scaled = [] if args.no_scale else await scale_run(database_url, server, plan)
+            scaled = (
+                []
+                if args.no_scale
+                else await scale_run(database_url, plan, out / "logs", server_settings)
+            )
             points += scaled
             rss = rss_bytes(server.pid)
     return {
@@ -245,6 +278,7 @@ async def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         "server_rss_bytes_end": rss,
         "fleet": fleet,
         "scale_spread": scale_spread(scaled),
+        "comparisons": [c.as_dict() for c in comparisons],
         "points": [asdict(p) for p in points],
     }
 
@@ -252,10 +286,14 @@ async def run_suite(args: argparse.Namespace) -> dict[str, Any]:
 async def baseline_run(
     database_url: str, plan: Plan, args: argparse.Namespace, settings: dict[str, object]
 ) -> list[Point]:
-    """The scenarios against a server running an earlier checkout's code (target "before")."""
+    """The scenarios against a server running an earlier checkout's code (target "before"),
+    on a database of its own that its own migrations made (this tree's may be newer)."""
     points: list[Point] = []
     source = Path(args.baseline_src)
-    async with leasekeeper_server(database_url, Path(args.out) / "logs", source, **settings) as old:
+    async with (
+        sibling_database(database_url, "before") as old_url,
+        leasekeeper_server(old_url, Path(args.out) / "logs", source=source, **settings) as old,
+    ):
         print(f"before: {source} (pid {old.pid})", flush=True)
         for scenario in args.scenarios:
             for concurrency in plan.concurrency:
@@ -264,7 +302,7 @@ async def baseline_run(
                 ) as op:
                     points.append(
                         await measure(
-                            "before", scenario, op, concurrency, plan, old.pid, old, database_url
+                            "before", scenario, op, concurrency, plan, old.pid, old, old_url
                         )
                     )
     return points
@@ -279,46 +317,122 @@ async def settle(server: ServerTarget, within_s: float = 120.0) -> None:
         await asyncio.sleep(0.5)
 
 
-SCALED = ("claim", "renew", "validate")
+HISTORY = "leasekeeper_task_history"
+SCALED = ("claim", "renew", "validate", *scenarios.RUN_SCENARIOS)
 
 
-async def scale_run(database_url: str, server: ServerTarget, plan: Plan) -> list[Point]:
-    """Claim, Renew and ValidateFence at 64 concurrent as the table grows to each size."""
+async def scale_run(
+    database_url: str, plan: Plan, log_dir: Path, settings: dict[str, object]
+) -> list[Point]:
+    """Claim, Renew, ValidateFence, SaveCheckpoint and ListTaskHistory at 64 concurrent over
+    tables of each size, side by side.
+
+    Each size gets a database of its own beside the suite's, seeded (tasks and
+    their history, ``scale.seed``) and served by a server of its own; each
+    scenario then runs in windows that rotate over the sizes, forwards then
+    backwards (``paired.rotate``), so a drift of the shared machine weighs on
+    every size alike instead of on the size measured last.
+    """
     points: list[Point] = []
-    seeded = 0
-    for rows in plan.scale_rows:
-        began = time.monotonic()
-        await scale.seed(database_url, rows - seeded, namespace=f"scale-{rows}")
-        seeded = rows
-        await checkpoint(database_url)  # the seed's writes flushed before anything is measured
-        print(
-            f"scale: table seeded to {rows:,} rows ({time.monotonic() - began:.0f} s)", flush=True
-        )
+    async with contextlib.AsyncExitStack() as stack:
+        sizes = []
+        for rows in plan.scale_rows:
+            url = await stack.enter_async_context(sibling_database(database_url, f"rows{rows}"))
+            began = time.monotonic()
+            await migrate(url)
+            await scale.seed(url, rows, namespace="scale")
+            await checkpoint(url)  # the seed's writes flushed before anything is measured
+            entries = await history_entries(url)
+            print(
+                f"scale: {rows:,} task rows, {entries:,} history entries seeded "
+                f"({time.monotonic() - began:.0f} s)",
+                flush=True,
+            )
+            server = await stack.enter_async_context(leasekeeper_server(url, log_dir, **settings))
+            sizes.append((rows, url, server, entries))
         for scenario in SCALED:
-            run_id = uuid.uuid4().hex[:8]
-            async with scenarios.scenario_op(scenario, server.address, NAMESPACE, 64, run_id) as op:
-                stats0 = await scale.table_stats(database_url)
-                point = await measure(
-                    "leasekeeper",
-                    scenario,
-                    op,
-                    64,
-                    plan,
+            sides = [
+                Side(
+                    f"{rows:,} rows",
                     server.pid,
-                    server,
-                    database_url,
-                    duration_s=plan.scale_duration_s,
+                    url,
+                    functools.partial(_scale_op, scenario, server.address),
+                    server.statements,
                 )
-                delta = scale.stats_delta(stats0, await scale.table_stats(database_url))
-            point.rows = rows
-            point.extra = {
-                "seq_scans": delta.get("seq_scan"),
-                "index_scans_per_call": (delta.get("idx_scan") or 0) / max(point.calls, 1),
-                "hot_updates": delta.get("n_tup_hot_upd"),
-                "updates": delta.get("n_tup_upd"),
-            }
-            points.append(point)
+                for rows, url, server, _ in sizes
+            ]
+            before = [await _table_counters(url) for _, url, _, _ in sizes]
+            tallies, _ = await rotate(
+                sides,
+                rounds=plan.scale_rounds,
+                concurrency=64,
+                duration_s=plan.scale_duration_s,
+                warmup_s=plan.warmup_s,
+            )
+            for (rows, url, _, entries), tally, counters in zip(
+                sizes, tallies, before, strict=True
+            ):
+                point = _scale_point(scenario, rows, tally)
+                tasks, history = counters
+                delta = scale.stats_delta(tasks, await scale.table_stats(url))
+                written = scale.stats_delta(history, await scale.table_stats(url, HISTORY))
+                point.extra = {
+                    "seq_scans": delta.get("seq_scan"),
+                    "index_scans_per_call": (delta.get("idx_scan") or 0) / max(tally.calls, 1),
+                    "hot_updates": delta.get("n_tup_hot_upd"),
+                    "updates": delta.get("n_tup_upd"),
+                    "history_entries": entries,
+                    "history_seq_scans": written.get("seq_scan"),
+                    "history_entries_written": written.get("n_tup_ins"),
+                }
+                points.append(point)
     return points
+
+
+def _scale_op(scenario: str, address: str) -> contextlib.AbstractAsyncContextManager[Op]:
+    """A window's op of ``scenario`` against one size's server (new leases each window)."""
+    return scenarios.scenario_op(scenario, address, NAMESPACE, 64, uuid.uuid4().hex[:8])
+
+
+async def _table_counters(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    return await scale.table_stats(url), await scale.table_stats(url, HISTORY)
+
+
+def _scale_point(scenario: str, rows: int, tally: Tally) -> Point:
+    """One size's windows of one scenario as a point of the scale table."""
+    point = Point(
+        "leasekeeper",
+        scenario,
+        64,
+        tally.rate,
+        statistics.median(tally.p50_ms),
+        statistics.median(tally.p99_ms),
+        tally.window_calls,
+        dict(tally.errors),
+        cpu_ms_per_call=tally.cpu_ms_per_call,
+        db_cpu_ms_per_call=tally.db_cpu_ms_per_call,
+        statements_per_call=tally.statements_per_call,
+        rows=rows,
+    )
+    print(
+        f"  {scenario:<10} {rows:>12,} rows {point.rate:9.0f}/s p50 {point.p50_ms:6.2f} ms "
+        f"p99 {point.p99_ms:6.2f} ms cpu {point.cpu_ms_per_call or 0:.3f} ms/call "
+        f"database cpu {point.db_cpu_ms_per_call or 0:.3f} ms/call"
+        + (f" errors {point.errors}" if point.errors else ""),
+        flush=True,
+    )
+    return point
+
+
+async def history_entries(database_url: str) -> int:
+    """The task history's entries, as the last ANALYZE (the seed's) counted them."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        return int(
+            await conn.fetchval(f"SELECT reltuples FROM pg_class WHERE relname = '{HISTORY}'")
+        )
+    finally:
+        await conn.close()
 
 
 async def checkpoint(database_url: str) -> None:
@@ -381,7 +495,36 @@ def main(argv: list[str] | None = None) -> int:
         help="a checkout of an earlier version: its server is measured too (target 'before')",
     )
     parser.add_argument("--no-scale", action="store_true", help="leave out the table sizes")
+    parser.add_argument(
+        "--timeline-baseline",
+        default=runs.TIMELINE_BASELINE,
+        help="the commit (or a checkout's folder) whose claims write no task history, for the "
+        "side-by-side claim; '' leaves that comparison out",
+    )
+    parser.add_argument(
+        "--no-comparisons", action="store_true", help="leave out the side-by-side comparisons"
+    )
+    parser.add_argument(
+        "--comparison-rounds",
+        type=int,
+        help="windows per side of each side-by-side comparison (default 6; quick: 2)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("comparisons", "scale"),
+        help="run one part alone: the side-by-side comparisons, or the table sizes",
+    )
+    parser.add_argument(
+        "--scale-rows",
+        type=int,
+        nargs="+",
+        help="the table sizes of the scale run (default 10^3 10^5 10^7; quick: 10^3 10^4)",
+    )
     args = parser.parse_args(argv)
+    if args.only:
+        args.scenarios, args.no_fleet, args.baseline_src = [], True, None
+        args.no_comparisons |= args.only != "comparisons"
+        args.no_scale |= args.only != "scale"
     if args.baseline_src:
         args.baseline_src = os.path.abspath(args.baseline_src)
     try:
@@ -397,6 +540,17 @@ def main(argv: list[str] | None = None) -> int:
     report.chart(results, out / "results.png")
     print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'results.png'}")
     failed = [p for p in results["points"] if p["errors"] or not p["calls"]]
+    broken = 0
+    for c in results["comparisons"]:
+        if c["note"]:  # not run (no baseline to be had): said, not failed
+            print(f"{c['title']}: {c['note']}", file=sys.stderr)
+        elif c["a"]["errors"] or c["b"]["errors"] or not (c["a"]["calls"] and c["b"]["calls"]):
+            print(
+                f"{c['title']}: {c['a']['calls']} and {c['b']['calls']} calls, "
+                f"errors {c['a']['errors']} and {c['b']['errors']}",
+                file=sys.stderr,
+            )
+            broken += 1
     fleet = results.get("fleet")
     if fleet and fleet["acked"] != fleet["sent"]:
         print(f"fleet: {fleet['sent'] - fleet['acked']} beats not acknowledged", file=sys.stderr)
@@ -407,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{p['calls']} calls, errors {p['errors']}",
             file=sys.stderr,
         )
-    return 1 if failed else 0
+    return 1 if failed or broken else 0
 
 
 if __name__ == "__main__":

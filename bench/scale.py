@@ -2,13 +2,15 @@
 
     .venv/bin/python -m bench.scale [--rows 1000 100000 10000000] [--admin-url URL] [--keep]
 
-``seed`` fills ``leasekeeper_tasks`` (and a ledger of effects) with a
-realistic history in a few set-based statements. ``table_stats`` reads the
-table's scan and update counters, so a measured window (``stats_delta``) can
-show that it ran no sequential scan and how many of its updates were HOT.
-``probes`` names, for every statement of
-``server/leasekeeper_server/storage/sql/queries.sql`` that a call or the sweeper
-runs, realistic parameters on a seeded table; ``explain`` shows a statement's
+``seed`` fills ``leasekeeper_tasks`` (and a ledger of effects, checkpoints,
+and each task's history, about 4 entries a task) with a realistic history in
+a few set-based statements. ``table_stats`` reads the table's scan and update
+counters, so a measured window (``stats_delta``) can show that it ran no
+sequential scan and how many of its updates were HOT. ``probes`` names, for
+every statement of ``server/leasekeeper_server/storage/sql/queries.sql`` that
+a call or the sweeper runs, realistic parameters on a seeded table
+(``probes_of_runs`` for the statements of checkpoints, the history and its
+pruner); ``explain`` shows a statement's
 custom plan (the values known, as in a prepared statement's first five
 executions) or its generic plan (what a prepared statement may keep after
 that), ``prepared_plan`` the plan a prepared statement really settles on, and
@@ -29,12 +31,13 @@ import argparse
 import asyncio
 import contextlib
 import json
+import random
 import statistics
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -47,8 +50,11 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from leasekeeper_server.core.model import LIST_SCAN_BUDGET  # noqa: E402
+from leasekeeper_server.settings import Settings  # noqa: E402
 from leasekeeper_server.storage import queries  # noqa: E402
 from leasekeeper_server.storage.migrate import migrate  # noqa: E402
+from leasekeeper_server.storage.pruner import PRUNE_BATCH  # noqa: E402
+from leasekeeper_server.storage.statements import ClaimParams, RenewParams  # noqa: E402
 
 LOCAL_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # Rows per INSERT (one transaction each): keeps memory and WAL per commit bounded.
@@ -69,20 +75,37 @@ RELEASED_PER_MILLE = 225
 # reserved while its lease is held, succeeded otherwise.
 EFFECT_KEY = "effect-1"
 LIVE_TTL = timedelta(days=1)
+# One task in four (hashed) has a checkpoint: a worker's small JSON cursor
+# (``{"offset": N}``), at version 1 to 3, each version an entry in its history.
+CHECKPOINT_EVERY = 4
+# Each task's history: a grant per fence, the expiry of every earlier grant
+# (taken over, so attempts = fence - 1), how the current lease ended (none for
+# a lease still held or not yet announced), its checkpoint writes, its
+# effect's reservation and outcome: about 4 entries a task. Earlier grants
+# came an hour apart. Entry times are kept within this age (less than the
+# server's history_max_age_s, 30 days by default, by a day), so the pruner
+# finds nothing past its age while a benchmark runs, as in a deployment
+# whose pruner keeps up.
+HISTORY_SPAN = timedelta(days=29)
 _ANNOUNCED_BELOW = ANNOUNCED_PER_MILLE
 _REVOKED_BELOW = _ANNOUNCED_BELOW + REVOKED_PER_MILLE
 _RELEASED_BELOW = _REVOKED_BELOW + RELEASED_PER_MILLE
 
 # $1, $2: the chunk's row numbers [lo, hi); $3 the namespace prefix; $4 every
 # $4th row is a live lease (0: none); $5 every $5th row (offset 1) is expired
-# and unannounced (0: none). Rows are numbered, hashed (hashint8) for the
-# pseudo-random parts, so a seed is the same every time.
+# and unannounced (0: none); $6 the live leases' ttl; $7 HISTORY_SPAN. Rows
+# are numbered, hashed (hashint8) for the pseudo-random parts, so a seed is
+# the same every time. A task's history entries are inserted together (written
+# over time, they would lie apart in the table: a few more heap pages for a
+# listing to read, at any size; sorting them by time adds half again to the seed's
+# time).
 _SEED_CHUNK = f"""
 WITH t AS (
     INSERT INTO leasekeeper_tasks
         (namespace, task_id, owner_id, fence, state, expire_time, runtime_deadline,
          claim_time, update_time, end_reason, claim_request_id, revoke_reason,
-         expiry_announced_fence)
+         expiry_announced_fence, attempts, checkpoint_version, checkpoint_data,
+         checkpoint_content_type, checkpoint_fence, checkpoint_time)
     SELECT $3::text || '-' || CASE WHEN sixteenth < 8 THEN 0 WHEN sixteenth < 12 THEN 1
                                    WHEN sixteenth < 14 THEN 2 WHEN sixteenth < 15 THEN 3
                                    ELSE 4 END,
@@ -101,9 +124,17 @@ WITH t AS (
                      WHEN 'revoked' THEN 'LEASE_REVOKED' END,
            CASE WHEN h % 2 = 0 THEN 'req-' || to_hex(h) END,
            CASE WHEN kind = 'revoked' THEN 'drained by an operator' END,
-           CASE WHEN kind = 'announced' THEN fence WHEN fence > 1 THEN fence - 1 END
+           CASE WHEN kind = 'announced' THEN fence WHEN fence > 1 THEN fence - 1 END,
+           fence - 1,
+           saved,
+           CASE WHEN saved IS NOT NULL THEN convert_to('{{"offset": ' || h || '}}', 'UTF8') END,
+           CASE WHEN saved IS NOT NULL THEN 'application/json' END,
+           CASE WHEN saved IS NOT NULL THEN fence END,
+           CASE WHEN saved IS NOT NULL THEN least(claimed + saved * interval '1 second', now())
+           END
     FROM (
         SELECT k.*,
+               CASE WHEN h % {CHECKPOINT_EVERY} = 0 THEN 1 + (h / 5) % 3 END AS saved,
                CASE kind WHEN 'live' THEN now() - (h % 600) * interval '1 second'
                          WHEN 'unannounced' THEN now() - interval '10 minutes'
                          ELSE past END AS claimed,
@@ -132,19 +163,82 @@ WITH t AS (
         ) k
         OFFSET 0
     ) r
-    RETURNING namespace, task_id, fence, state, claim_time
+    RETURNING namespace, task_id, owner_id, fence, state, expire_time, claim_time, update_time,
+              revoke_reason, expiry_announced_fence, checkpoint_version, checkpoint_data,
+              checkpoint_time
+), e AS (
+    INSERT INTO leasekeeper_effects
+        (namespace, task_id, effect_key, policy, request_digest, state, fence,
+         complete_fence, result, attempts, begin_time, complete_time)
+    SELECT namespace, task_id, '{EFFECT_KEY}', 'once', decode(md5(task_id), 'hex'),
+           CASE WHEN state = 'held' THEN 'reserved' ELSE 'succeeded' END, fence,
+           CASE WHEN state = 'held' THEN NULL ELSE fence END,
+           CASE WHEN state = 'held' THEN ''::bytea ELSE 'ok'::bytea END,
+           1, claim_time + interval '1 second',
+           CASE WHEN state = 'held' THEN NULL ELSE claim_time + interval '2 seconds' END
+    FROM t
+    WHERE right(task_id, 1) = '0'
+    RETURNING namespace, task_id, effect_key, state, fence, complete_fence, attempts,
+              begin_time, complete_time
 )
-INSERT INTO leasekeeper_effects
-    (namespace, task_id, effect_key, policy, request_digest, state, fence,
-     complete_fence, result, attempts, begin_time, complete_time)
-SELECT namespace, task_id, '{EFFECT_KEY}', 'once', decode(md5(task_id), 'hex'),
-       CASE WHEN state = 'held' THEN 'reserved' ELSE 'succeeded' END, fence,
-       CASE WHEN state = 'held' THEN NULL ELSE fence END,
-       CASE WHEN state = 'held' THEN ''::bytea ELSE 'ok'::bytea END,
-       1, claim_time + interval '1 second',
-       CASE WHEN state = 'held' THEN NULL ELSE claim_time + interval '2 seconds' END
-FROM t
-WHERE right(task_id, 1) = '0'
+INSERT INTO leasekeeper_task_history
+    (namespace, task_id, event_time, kind, fence, owner_id, attempt, checkpoint_version,
+     checkpoint_size, effect_key, effect_outcome, reason)
+SELECT namespace, task_id, greatest(event_time, now() - $7::interval), kind, fence, owner_id,
+       attempt, checkpoint_version, checkpoint_size, effect_key, effect_outcome, reason
+FROM (
+    SELECT t.namespace, t.task_id, t.claim_time - (t.fence - f) * interval '1 hour'
+               AS event_time,
+           'granted' AS kind, f AS fence, t.owner_id, f::integer AS attempt,
+           0::bigint AS checkpoint_version, 0::bigint AS checkpoint_size,
+           '' AS effect_key, '' AS effect_outcome, '' AS reason
+    FROM t, generate_series(1::bigint, t.fence) AS f
+    UNION ALL
+    SELECT t.namespace, t.task_id,
+           t.claim_time - (t.fence - f) * interval '1 hour' + interval '30 seconds',
+           'expired', f, t.owner_id, 0, 0, 0, '', '', 'LEASE_EXPIRED'
+    FROM t, generate_series(1::bigint, t.fence - 1) AS f
+    UNION ALL
+    SELECT t.namespace, t.task_id,
+           CASE WHEN t.state = 'held' THEN t.expire_time ELSE t.update_time END,
+           CASE WHEN t.state = 'held' THEN 'expired' ELSE t.state END,
+           t.fence, t.owner_id, 0, 0, 0, '', '',
+           CASE t.state WHEN 'held' THEN 'LEASE_EXPIRED' WHEN 'revoked' THEN t.revoke_reason
+                        ELSE '' END
+    FROM t
+    WHERE t.state <> 'held' OR t.expiry_announced_fence = t.fence
+    UNION ALL
+    SELECT t.namespace, t.task_id, t.checkpoint_time - (t.checkpoint_version - v) * interval
+               '1 second',
+           'checkpoint_saved', t.fence, t.owner_id, 0, v, octet_length(t.checkpoint_data), '', '',
+           ''
+    FROM t, generate_series(1::bigint, coalesce(t.checkpoint_version, 0)) AS v
+    UNION ALL
+    SELECT e.namespace, e.task_id, e.begin_time, 'effect_reserved', e.fence, '', e.attempts,
+           0, 0, e.effect_key, '', ''
+    FROM e
+    UNION ALL
+    SELECT e.namespace, e.task_id, e.complete_time, 'effect_completed', e.complete_fence, '',
+           e.attempts, 0, 0, e.effect_key, e.state, ''
+    FROM e
+    WHERE e.complete_time IS NOT NULL
+) x
+"""
+# The history's indexes besides its primary key, as the migrations made them:
+# dropped while a seed writes (one sort each afterwards instead of an insert
+# per entry at a random place) and made again from these definitions.
+_HISTORY_INDEXES = """
+SELECT indexname, indexdef FROM pg_indexes
+WHERE schemaname = current_schema() AND tablename = 'leasekeeper_task_history'
+  AND indexname <> 'leasekeeper_task_history_pkey'
+ORDER BY indexname
+"""
+# The count pruner's watermark past every seeded entry: a deployment's pruner
+# has checked its history up to the last pass.
+_WATERMARK = """
+UPDATE leasekeeper_history_pruning
+SET watermark = greatest(watermark, (SELECT coalesce(max(sequence), 0)
+                                     FROM leasekeeper_task_history))
 """
 
 
@@ -164,7 +258,7 @@ def unannounced_leases(rows: int) -> int:
 
 
 async def seed(dsn: str, rows: int, namespace: str = "bench-scale") -> None:
-    """Fills ``leasekeeper_tasks`` (migrated) with ``rows`` task rows, then VACUUM ANALYZE.
+    """Fills ``leasekeeper_tasks`` (migrated) with ``rows`` task rows and their history.
 
     The rows spread over ``namespaces(namespace)`` (half in the first) with
     ids ``task-0000000000`` upwards: ``live_leases(rows)`` held with live
@@ -173,7 +267,11 @@ async def seed(dsn: str, rows: int, namespace: str = "bench-scale") -> None:
     announced, and of the rest about 7% held, expired and announced
     (``expiry_announced_fence = fence``), 0.5% revoked, 22.5% released and 70%
     completed. Every tenth task has one effect (``EFFECT_KEY``) in
-    ``leasekeeper_effects``. Owners are ``worker-0`` .. ``worker-996``.
+    ``leasekeeper_effects``; one in ``CHECKPOINT_EVERY`` a checkpoint. Owners
+    are ``worker-0`` .. ``worker-996``. ``leasekeeper_task_history`` gets what
+    the triggers would have written for them (about 4 entries a task, see
+    ``HISTORY_SPAN``), and the history pruner's watermark moves past them.
+    Then VACUUM ANALYZE.
 
     Set-based (INSERT ... SELECT over generate_series, ``CHUNK_ROWS`` rows per
     transaction) in a session with ``synchronous_commit`` off and
@@ -201,14 +299,30 @@ async def seed(dsn: str, rows: int, namespace: str = "bench-scale") -> None:
             raise ValueError(f"namespaces {namespace}-* already have rows")
         await conn.execute(
             "SET synchronous_commit = off; SET session_replication_role = replica;"
-            " SET maintenance_work_mem = '512MB'"
+            " SET maintenance_work_mem = '512MB'; SET work_mem = '256MB'"
         )
+        indexes = await conn.fetch(_HISTORY_INDEXES)
+        for index in indexes:
+            await conn.execute(f'DROP INDEX "{index["indexname"]}"')
         for lo in range(0, rows, CHUNK_ROWS):
             hi = min(rows, lo + CHUNK_ROWS)
             await conn.execute(
-                _SEED_CHUNK, lo, hi, namespace, live_every, unannounced_every, LIVE_TTL
+                _SEED_CHUNK,
+                lo,
+                hi,
+                namespace,
+                live_every,
+                unannounced_every,
+                LIVE_TTL,
+                HISTORY_SPAN,
             )
-        await conn.execute("VACUUM ANALYZE leasekeeper_tasks, leasekeeper_effects")
+        for index in indexes:
+            await conn.execute(index["indexdef"])
+        await conn.execute(_WATERMARK)
+        await conn.execute(
+            "VACUUM ANALYZE leasekeeper_tasks, leasekeeper_effects, leasekeeper_task_history,"
+            " leasekeeper_history_pruning"
+        )
     finally:
         await conn.close()
 
@@ -316,6 +430,14 @@ class Probe:
 
 
 TASKS_PKEY = "leasekeeper_tasks_pkey"
+HISTORY_PKEY = "leasekeeper_task_history_pkey"
+HISTORY_TASK = "leasekeeper_task_history_task"
+HISTORY_AGE = "leasekeeper_task_history_age"
+# The history pruner's settings (their defaults) and the checkpoint SaveCheckpoint writes.
+HISTORY_MAX_AGE = timedelta(seconds=Settings.model_fields["history_max_age_s"].default)
+HISTORY_MAX_PER_TASK: int = Settings.model_fields["history_max_per_task"].default
+CHECKPOINT = random.Random(4096).randbytes(4096)
+CHECKPOINT_TYPE = "application/octet-stream"
 UNSWEPT = "leasekeeper_tasks_unswept"
 EFFECTS_PKEY = "leasekeeper_effects_pkey"
 PAGE = 101  # a ListLeases page of 100 asks for one more row, to know whether a next page exists
@@ -350,6 +472,28 @@ def _columns(rows: Sequence[Sequence[Any]]) -> tuple[list[Any], ...]:
     return tuple(list(column) for column in zip(*rows, strict=True))
 
 
+def _claim(namespace: str, task_id: str, owner_id: str, request_id: str | None) -> tuple[Any, ...]:
+    """A claim's values in statement ``claim``'s order (``ClaimParams``): ttl ``TTL``,
+    runtime budget ``BUDGET``, no lock delay, no attempt limit."""
+    return astuple(
+        ClaimParams(namespace, task_id, owner_id, TTL, BUDGET, request_id, NO_DELAY, None)
+    )
+
+
+def _renewal(
+    lease: Sequence[Any], ttl: timedelta | None, version: int | None = None
+) -> tuple[Any, ...]:
+    """A renewal's values in statement ``renew``'s order (``RenewParams``) of ``lease``
+    (namespace, task_id, owner_id, fence); with ``version``, it saves ``CHECKPOINT`` too."""
+    namespace, task_id, owner_id, fence = lease
+    if version is None:
+        return astuple(RenewParams(namespace, task_id, owner_id, fence, ttl))
+    params = RenewParams(
+        namespace, task_id, owner_id, fence, ttl, version, CHECKPOINT, CHECKPOINT_TYPE
+    )
+    return astuple(params)
+
+
 async def probes(conn: asyncpg.Connection, namespace: str = "bench-scale") -> list[Probe]:
     """The statements the request path and the sweeper run, on rows of a seeded table.
 
@@ -374,12 +518,10 @@ async def probes(conn: asyncpg.Connection, namespace: str = "bench-scale") -> li
     ledger = (EFFECTS_PKEY, TASKS_PKEY)
     listed = "the page"
     batched = "the batch"
-    new_claims: list[tuple[Any, ...]] = [
-        (ns, f"probe-new-{i}", "w", TTL, BUDGET, None, NO_DELAY) for i in range(BATCH)
-    ]
-    free_claims: list[tuple[Any, ...]] = [(ns, t, "w", TTL, BUDGET, "r", NO_DELAY) for t in free]
+    new_claims = [_claim(ns, f"probe-new-{i}", "w", None) for i in range(BATCH)]
+    free_claims = [_claim(ns, t, "w", "r") for t in free]
     claims = _columns(new_claims[: BATCH // 2] + free_claims)
-    renewals = _columns([(*lease_, TTL) for lease_ in leases])
+    renewals = _columns([_renewal(lease_, TTL) for lease_ in leases])
     reads = _columns([(lease_[0], lease_[1]) for lease_ in leases])
     found = [
         Probe("claim (1 new task)", "claim", _columns(new_claims[:1]), one),
@@ -387,13 +529,13 @@ async def probes(conn: asyncpg.Connection, namespace: str = "bench-scale") -> li
         Probe(
             "claim (1 held: refused)",
             "claim",
-            _columns([(ns, task, "w", TTL, BUDGET, "r", NO_DELAY)]),
+            _columns([_claim(ns, task, "w", "r")]),
             one,
         ),
         Probe(f"claim ({BATCH}: new and free)", "claim", claims, one, batched),
-        Probe("renew (1)", "renew", _columns([(*lease, TTL)]), one),
+        Probe("renew (1)", "renew", _columns([_renewal(lease, TTL)]), one),
         Probe(f"renew ({BATCH})", "renew", renewals, one, batched),
-        Probe("release", "release", (*lease, False), one),
+        Probe("release", "release", (*lease, False, False, ""), one),
         Probe("get_leases (1)", "get_leases", ([ns], [task]), one),
         Probe(f"get_leases ({BATCH})", "get_leases", reads, one, batched),
         Probe("lock_lease", "lock_lease", (ns, task), one),
@@ -402,7 +544,10 @@ async def probes(conn: asyncpg.Connection, namespace: str = "bench-scale") -> li
         Probe("lock_effect", "lock_effect", effect, ledger),
         Probe("reserve_effect", "reserve_effect", (*effect, digest, fence), ledger),
         Probe(
-            "complete_effect", "complete_effect", (*effect, fence, "succeeded", False, b""), ledger
+            "complete_effect",
+            "complete_effect",
+            (*effect, fence, "succeeded", False, b"", ""),
+            ledger,
         ),
         Probe("list_effects", "list_effects", (ns, task, "", PAGE, None), (EFFECTS_PKEY,), listed),
         Probe(
@@ -433,6 +578,68 @@ async def probes(conn: asyncpg.Connection, namespace: str = "bench-scale") -> li
     return found
 
 
+async def probes_of_runs(conn: asyncpg.Connection, namespace: str = "bench-scale") -> list[Probe]:
+    """The statements of runs (migrations/0008_runs.sql) on a seeded table: checkpoints,
+    the task history and its pruner.
+
+    They take the live lease ``probes`` takes (its task's history as ``seed``
+    wrote it) and the pruner's own parameters (its batch, the settings'
+    defaults).
+
+    Raises:
+        LookupError: the table holds no such rows (not seeded, or too few rows).
+    """
+    ns = namespaces(namespace)[0]
+    live = await conn.fetchrow(_LIVE_WITH_EFFECT, ns, EFFECT_KEY)
+    if live is None:
+        raise LookupError(f"namespace {ns!r} has no live lease")
+    task, owner, fence = live["task_id"], live["owner_id"], live["fence"]
+    lease = (ns, task, owner, fence)
+    one = (TASKS_PKEY,)
+    return [
+        Probe(
+            "renew (a 4 KiB checkpoint alone: SaveCheckpoint)",
+            "renew",
+            _columns([_renewal(lease, None, 1_000_000)]),
+            one,
+        ),
+        Probe(
+            "renew (1, with a 4 KiB checkpoint)",
+            "renew",
+            _columns([_renewal(lease, TTL, 1_000_000)]),
+            one,
+        ),
+        Probe("get_checkpoint", "get_checkpoint", (ns, task), one),
+        Probe(
+            "list_history (one task)",
+            "list_history",
+            (ns, task, 0, PAGE),
+            (HISTORY_TASK,),
+            "the task's entries",
+        ),
+        Probe(
+            "record_refusal",
+            "record_refusal",
+            (ns, task, fence - 1, "LEASE_SUPERSEDED", "ValidateFence"),
+            one,
+        ),
+        Probe(
+            "prune_history_age",
+            "prune_history_age",
+            (HISTORY_MAX_AGE, PRUNE_BATCH),
+            (HISTORY_AGE,),
+            "history entries past their age",
+        ),
+        Probe(
+            "prune_history_count",
+            "prune_history_count",
+            (HISTORY_MAX_PER_TASK, PRUNE_BATCH),
+            (HISTORY_PKEY,),
+            "history entries since the pruner's last pass",
+        ),
+    ]
+
+
 def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """A plan node of ``EXPLAIN (FORMAT JSON)`` and every node under it, depth first."""
     yield node
@@ -445,6 +652,8 @@ def _array_element(value: Any) -> str:
         return "NULL"
     if isinstance(value, timedelta):
         value = f"{value.total_seconds()} seconds"
+    if isinstance(value, bytes):
+        value = "\\x" + value.hex()  # bytea's hex input
     text = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{text}"'
 
@@ -695,10 +904,7 @@ async def claim_fresh(dsn: str, count: int, concurrency: int = 16) -> list[tuple
         The leases, as (namespace, task_id, owner_id, fence).
     """
     namespace = f"fresh-{uuid.uuid4().hex[:8]}"
-    calls = [
-        (namespace, f"task-{i:08d}", f"worker-{i % 64}", TTL, BUDGET, None, NO_DELAY)
-        for i in range(count)
-    ]
+    calls = [_claim(namespace, f"task-{i:08d}", f"worker-{i % 64}", None) for i in range(count)]
     async with _pool(dsn, concurrency) as pool:
         await _run_all(pool, queries.load()["claim"], calls)
     return [(ns, task, owner, 1) for ns, task, owner, *_ in calls]
@@ -720,7 +926,7 @@ async def renewal_window(
         RuntimeError: a renewal found its lease gone (the measurement would
             count no update for it).
     """
-    calls = [(*lease, LIVE_TTL) for _ in range(rounds) for lease in leases]
+    calls = [_renewal(lease, LIVE_TTL) for _ in range(rounds) for lease in leases]
     before = await table_stats(dsn)
     started = time.perf_counter()
     async with _pool(dsn, concurrency) as pool:
@@ -781,7 +987,8 @@ async def measure_size(admin_url: str, rows: int, keep: bool, runs: int) -> tupl
         seed_s = time.perf_counter() - started
     conn = await asyncpg.connect(url)
     try:
-        measured = [await measure_probe(conn, p, runs) for p in await probes(conn)]
+        found = await probes(conn) + await probes_of_runs(conn)
+        measured = [await measure_probe(conn, p, runs) for p in found]
     finally:
         await conn.close()
     return SizeResult(rows, seed_s, await table_stats(url), measured), url

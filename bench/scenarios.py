@@ -5,12 +5,17 @@ one client per load worker (each its own owner) on one shared channel, so a
 no-op server of the same service (``bench/noop_server.py``) and the real one
 are driven by exactly the same code. The heartbeat scenario drives a raw
 bidirectional stream per worker (one write, one read per call), as the bidi
-echo reference does.
+echo reference does. The scenarios of runs (``RUN_SCENARIOS``: SaveCheckpoint,
+ListTaskHistory) call the generated stub, with the same requests whatever the
+client library's version; the suite measures them over growing tables
+(``bench/run.py``) and side by side (``bench/runs.py``), not against the no-op
+server.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +33,18 @@ TTL_S = 120.0
 
 UNARY = ("claim", "claim_hot", "renew", "validate", "effect")
 SCENARIOS = (*UNARY, "heartbeat")
+RUN_SCENARIOS = ("checkpoint", "history")
+HOLDING = ("renew", "validate", "effect", "heartbeat", *RUN_SCENARIOS)
+
+# The checkpoint every SaveCheckpoint of the benchmark writes: 4 KiB that do
+# not compress (as encoded state often does not), so PostgreSQL stores it out
+# of line, in the table's TOAST, as it would a real one of that size.
+CHECKPOINT_BYTES = 4096
+CHECKPOINT_DATA = random.Random(4096).randbytes(CHECKPOINT_BYTES)
+CHECKPOINT_TYPE = "application/octet-stream"
+# Checkpoints a "history" scenario's task has saved before it is listed: its
+# history is its grant and these, the same at every table size.
+HISTORY_CHECKPOINTS = 3
 
 TITLES = {
     "claim": "Claim (distinct tasks)",
@@ -36,6 +53,8 @@ TITLES = {
     "validate": "ValidateFence",
     "effect": "BeginEffect+CompleteEffect",
     "heartbeat": "Heartbeat renewal",
+    "checkpoint": "SaveCheckpoint (4 KiB)",
+    "history": "ListTaskHistory (one task)",
 }
 
 
@@ -66,7 +85,7 @@ async def scenario_op(
             for i in range(concurrency)
         ]
         held: list[Held] = []
-        if scenario in ("renew", "validate", "effect", "heartbeat"):
+        if scenario in HOLDING:
             for i, client in enumerate(clients):
                 result = await client.claim(f"{run_id}-held-{i}", ttl=TTL_S)
                 assert result.acquired and result.lease is not None, result
@@ -75,7 +94,53 @@ async def scenario_op(
             async with _streams(channel, namespace, clients, held) as op:
                 yield op
             return
+        if scenario in RUN_SCENARIOS:
+            yield await _run_op(scenario, namespace, clients, held)
+            return
         yield _unary_op(scenario, clients, held, run_id)
+
+
+def save_checkpoint_request(
+    namespace: str, owner_id: str, lease: Held, version: int
+) -> pb.SaveCheckpointRequest:
+    """SaveCheckpoint of ``CHECKPOINT_DATA`` at ``version`` under ``lease``."""
+    return pb.SaveCheckpointRequest(
+        namespace=namespace,
+        task_id=lease.task_id,
+        owner_id=owner_id,
+        fence=lease.fence,
+        checkpoint=pb.Checkpoint(
+            version=version, data=CHECKPOINT_DATA, content_type=CHECKPOINT_TYPE
+        ),
+    )
+
+
+async def _run_op(
+    scenario: str, namespace: str, clients: list[LeaseClient], held: list[Held]
+) -> Op:
+    """SaveCheckpoint (versions 1, 2, 3, ... per worker) or ListTaskHistory of the held task."""
+    stub = clients[0].stub
+    if scenario == "checkpoint":
+
+        async def checkpoint(w: int, c: int) -> object:
+            request = save_checkpoint_request(namespace, clients[w].owner_id, held[w], c + 1)
+            return await stub.SaveCheckpoint(request)
+
+        return checkpoint
+    for w, lease in enumerate(held):
+        for version in range(1, HISTORY_CHECKPOINTS + 1):
+            await stub.SaveCheckpoint(
+                save_checkpoint_request(namespace, clients[w].owner_id, lease, version)
+            )
+    requests = [pb.ListTaskHistoryRequest(namespace=namespace, task_id=h.task_id) for h in held]
+
+    async def history(w: int, c: int) -> object:
+        reply = await stub.ListTaskHistory(requests[w])
+        if len(reply.entries) != 1 + HISTORY_CHECKPOINTS:
+            raise AssertionError(f"{len(reply.entries)} history entries: {reply}")
+        return reply
+
+    return history
 
 
 def _unary_op(scenario: str, clients: list[LeaseClient], held: list[Held], run_id: str) -> Op:

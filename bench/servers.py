@@ -21,6 +21,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
 
@@ -79,7 +80,7 @@ def _new_log(log_dir: Path) -> Path:
 
 @contextlib.asynccontextmanager
 async def leasekeeper_server(
-    database_url: str, log_dir: Path, source: Path | None = None, **settings: object
+    database_url: str, log_dir: Path, *, source: Path | None = None, **settings: object
 ) -> AsyncIterator[ServerTarget]:
     """Runs ``leasekeeper serve`` until the block ends (SIGTERM, then SIGKILL).
 
@@ -164,6 +165,32 @@ async def bench_database(url: str | None) -> AsyncIterator[str]:
             yield embedded.start()
         finally:
             embedded.stop()
+
+
+@contextlib.asynccontextmanager
+async def sibling_database(url: str, suffix: str) -> AsyncIterator[str]:
+    """A new, empty database beside ``url``'s (same server), dropped when the block ends.
+
+    For a second server that must not share the first one's tables (an
+    earlier version, migrated by its own migrations). Needs the CREATEDB
+    privilege.
+    """
+    parts = urlsplit(url)
+    name = f"{parts.path.lstrip('/')}_{suffix}_{uuid.uuid4().hex[:6]}"
+    admin = parts._replace(path="/postgres").geturl()
+    await _admin(admin, f'CREATE DATABASE "{name}"')
+    try:
+        yield parts._replace(path=f"/{name}").geturl()
+    finally:
+        await _admin(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def _admin(url: str, sql: str) -> None:
+    conn = await asyncpg.connect(url, timeout=5)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
 
 
 async def database_transactions(url: str) -> int:
