@@ -55,14 +55,21 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 async def until_scraped(port: int, name: str, expected: float, **labels: str) -> Samples:
-    """Scrapes until the sample has the expected value (at most 10 s)."""
+    """Scrapes until the sample has the expected value (at most 10 s); returns a later scrape.
+
+    A scrape is not atomic across metric families: it may collect one family
+    before the server counts an event and the next after, so counters the
+    server increments together (leases_expired then leases_lost) can straddle
+    it. The scrape returned is taken after the awaited sample was seen, so it
+    holds everything counted before that sample.
+    """
 
     async def scraped() -> Samples | None:
         samples = await scrape(port)
         return samples if samples.get((name, frozenset(labels.items()))) == expected else None
 
-    result: Samples = await poll(scraped, f"{name}{labels} == {expected}", within_s=10)
-    return result
+    await poll(scraped, f"{name}{labels} == {expected}", within_s=10)
+    return await scrape(port)
 
 
 async def test_metrics_endpoint_counts_real_effect_calls_and_stops_with_server(
