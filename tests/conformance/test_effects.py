@@ -248,7 +248,7 @@ async def test_complete_and_save_records_both(world: World) -> None:
     await begin(world, lease)
     outcome = Outcome(EffectState.SUCCEEDED, False, b"receipt", "op-42")
     record, saved = await world.ledger.complete_and_save(
-        effect_key(world), lease.fence, outcome, world.ref(lease), progress(1)
+        effect_key(world), lease.fence, outcome, progress(1)
     )
     assert (record.state, record.complete_fence, record.external_operation_id) == (
         EffectState.SUCCEEDED,
@@ -260,7 +260,7 @@ async def test_complete_and_save_records_both(world: World) -> None:
     assert await world.ledger.list(world.key(), "", 10, None) == [record]
     # Both repeated: the same record and the same checkpoint.
     again = await world.ledger.complete_and_save(
-        effect_key(world), lease.fence, outcome, world.ref(lease), progress(1)
+        effect_key(world), lease.fence, outcome, progress(1)
     )
     assert again == (record, saved)
 
@@ -270,18 +270,17 @@ async def test_complete_and_save_refused_checkpoint_records_no_outcome(world: Wo
     stored, _ = await world.store.save_checkpoint(world.ref(lease), progress(5))
     _, reserved = await begin(world, lease)
     with pytest.raises(CheckpointNotNewer) as refused:
-        await world.ledger.complete_and_save(
-            effect_key(world), lease.fence, SUCCEEDED, world.ref(lease), progress(3)
-        )
+        await world.ledger.complete_and_save(effect_key(world), lease.fence, SUCCEEDED, progress(3))
     assert refused.value.current_version == 5
     assert await world.ledger.list(world.key(), "", 10, None) == [reserved]
     assert await world.store.get_checkpoint(world.key()) == stored
-    # A checkpoint of another owner than the fence's: lost, and nothing recorded either.
+    # A fence that may not act: lost, and nothing recorded either. (The checkpoint's
+    # owner is the fence's, read from the task: a caller cannot name another.)
     with pytest.raises(LeaseLost) as lost:
         await world.ledger.complete_and_save(
-            effect_key(world), lease.fence, SUCCEEDED, world.ref(lease, owner_id="w2"), progress(6)
+            effect_key(world), lease.fence + 1, SUCCEEDED, progress(6)
         )
-    assert lost.value.loss is LossReason.NOT_OWNER
+    assert lost.value.loss is LossReason.FENCE_UNKNOWN
     assert await world.ledger.list(world.key(), "", 10, None) == [reserved]
     assert [e.kind for e in await world.history()] == [
         "granted",
@@ -290,7 +289,7 @@ async def test_complete_and_save_refused_checkpoint_records_no_outcome(world: Wo
     ]
     # A higher version: both.
     record, saved = await world.ledger.complete_and_save(
-        effect_key(world), lease.fence, SUCCEEDED, world.ref(lease), progress(6)
+        effect_key(world), lease.fence, SUCCEEDED, progress(6)
     )
     assert record.state is EffectState.SUCCEEDED and saved.version == 6
 
@@ -299,18 +298,16 @@ async def test_complete_and_save_refused_outcome_saves_no_checkpoint(world: Worl
     lease = await world.held(ttl=10 * MINUTE)
     with pytest.raises(EffectNotBegun):
         await world.ledger.complete_and_save(
-            effect_key(world, "never"), lease.fence, SUCCEEDED, world.ref(lease), progress(1)
+            effect_key(world, "never"), lease.fence, SUCCEEDED, progress(1)
         )
     await begin(world, lease)
     await complete(world, lease)
     with pytest.raises(EffectAlreadyCompleted):
         await world.ledger.complete_and_save(
-            effect_key(world), lease.fence, FAILED_FOR_GOOD, world.ref(lease), progress(1)
+            effect_key(world), lease.fence, FAILED_FOR_GOOD, progress(1)
         )
     await world.advance(11 * MINUTE)
     with pytest.raises(LeaseLost) as expired:
-        await world.ledger.complete_and_save(
-            effect_key(world), lease.fence, SUCCEEDED, world.ref(lease), progress(1)
-        )
+        await world.ledger.complete_and_save(effect_key(world), lease.fence, SUCCEEDED, progress(1))
     assert expired.value.loss is LossReason.LEASE_EXPIRED
     assert await world.store.get_checkpoint(world.key()) is None

@@ -171,7 +171,7 @@ async def test_complete_and_save_records_the_outcome_then_the_checkpoint(world: 
     await world.ledger.begin(BeginRequest(effect, lease.fence, EffectPolicy.ONCE, b"d"))
     outcome = Outcome(EffectState.FAILED, True, b"timeout", "op-7")
     await world.ledger.complete_and_save(
-        effect, lease.fence, outcome, world.ref(lease), CheckpointWrite(2, b"cp", "")
+        effect, lease.fence, outcome, CheckpointWrite(2, b"cp", "")
     )
     entries = await world.history()
     assert [(e.kind, e.effect_outcome, e.checkpoint_version) for e in entries] == [

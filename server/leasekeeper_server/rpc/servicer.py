@@ -18,7 +18,7 @@ import grpc
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper_server.core.errors import LeaseLost, TaskNotFound
 from leasekeeper_server.core.limits import LimitsCache
-from leasekeeper_server.core.model import ClaimOutcome, LeaseRef, TaskKey, fence_loss
+from leasekeeper_server.core.model import ClaimOutcome, TaskKey, fence_loss
 from leasekeeper_server.rpc import convert, validate
 from leasekeeper_server.rpc.handling import parse_or_malformed, streaming, unary
 from leasekeeper_server.rpc.heartbeat import HeartbeatService
@@ -245,11 +245,7 @@ class LeaseServicer:
             return pb.CompleteEffectResponse(effect=convert.effect(record))
         checkpoint = validate.checkpoint("next_checkpoint", request.next_checkpoint, self._settings)
         auth.authorize_method("SaveCheckpoint", "next_checkpoint")
-        # The checkpoint is written by the fence's owner: the task's current owner,
-        # which _check_fence in the transaction holds to this fence.
-        lease = await self._store.get_lease(TaskKey(key.namespace, key.task_id))
-        ref = LeaseRef(TaskKey(key.namespace, key.task_id), lease.owner_id if lease else "", fence)
-        record, saved = await self._ledger.complete_and_save(key, fence, outcome, ref, checkpoint)
+        record, saved = await self._ledger.complete_and_save(key, fence, outcome, checkpoint)
         return pb.CompleteEffectResponse(
             effect=convert.effect(record), checkpoint=convert.checkpoint(saved, with_data=False)
         )

@@ -46,6 +46,7 @@ from leasekeeper_server.core.errors import LeaseLost
 from leasekeeper_server.core.model import (
     Checkpoint,
     CheckpointWrite,
+    Lease,
     LeaseRef,
     LossReason,
     TaskKey,
@@ -84,13 +85,19 @@ class EffectLedger:
 
     async def _check_fence(
         self, conn: asyncpg.Connection, key: EffectKey, fence: int, lock: str = "lock_lease"
-    ) -> None:
-        """Locks the task row (``lock``: share or exclusive); LeaseLost unless ``fence`` may act."""
+    ) -> Lease:
+        """Locks the task row (``lock``: share or exclusive) and returns its lease.
+
+        Raises:
+            LeaseLost: (ABORTED) ``fence`` may not act now.
+        """
         row = await conn.fetchrow(self._sql[lock], key.namespace, key.task_id)
         task = lease_from_row(row) if row is not None else None
         reason = fence_loss(task, fence)
         if reason is not None:
             raise LeaseLost(reason, task.fence if task is not None else 0)
+        assert task is not None  # a fence that may act names an existing task
+        return task
 
     async def _settle(
         self, conn: asyncpg.Connection, key: EffectKey, fence: int, row: asyncpg.Record
@@ -163,14 +170,13 @@ class EffectLedger:
         key: EffectKey,
         fence: int,
         outcome: Outcome,
-        ref: LeaseRef,
         checkpoint: CheckpointWrite,
     ) -> tuple[Effect, Checkpoint]:
         """Records an effect's outcome and saves the checkpoint after it: both or neither.
 
         One transaction holding the task's row exclusively; the checkpoint is
-        decided as ``Store.save_checkpoint`` decides it (``ref`` names the
-        caller's lease: its owner and fence). Idempotent like each part.
+        decided as ``Store.save_checkpoint`` decides it, for the owner of
+        ``fence`` as the locked row names it. Idempotent like each part.
 
         Raises:
             LeaseLost, EffectNotBegun, EffectAlreadyCompleted: as :meth:`complete`.
@@ -178,8 +184,9 @@ class EffectLedger:
             DatabaseUnavailable: UNAVAILABLE.
         """
         async with self._store.transaction() as conn:
-            await self._check_fence(conn, key, fence, "lock_lease_exclusive")
+            task = await self._check_fence(conn, key, fence, "lock_lease_exclusive")
             record = await self._complete(conn, key, fence, outcome)
+            ref = LeaseRef(TaskKey(key.namespace, key.task_id), task.owner_id, fence)
             saved, _lease = await self._store.save_checkpoint(ref, checkpoint, conn)
             return record, saved
 

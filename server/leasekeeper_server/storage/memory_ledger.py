@@ -190,7 +190,6 @@ class MemoryLedger:
         key: EffectKey,
         fence: int,
         outcome: Outcome,
-        ref: LeaseRef,
         checkpoint: CheckpointWrite,
     ) -> tuple[Effect, Checkpoint]:
         """An outcome and a checkpoint, both or neither (``EffectLedger.complete_and_save``).
@@ -201,7 +200,11 @@ class MemoryLedger:
         (its history entry comes before the checkpoint's).
         """
         await asyncio.sleep(0)
-        decided = self._decide_complete(key, fence, outcome)
+        decided = self._decide_complete(key, fence, outcome)  # the fence may act: its task exists
+        task = TaskKey(key.namespace, key.task_id)
+        lease = self._store.read(task)
+        assert lease is not None
+        ref = LeaseRef(task, lease.owner_id, fence)
 
         def record_outcome() -> None:
             if decided is not None:  # None: this outcome is recorded already

@@ -324,10 +324,9 @@ class EffectStore(Protocol):
         key: EffectKey,
         fence: int,
         outcome: Outcome,
-        ref: LeaseRef,
         checkpoint: CheckpointWrite,
     ) -> tuple[Effect, Checkpoint]:
-        """:meth:`complete` and ``LeaseStore.save_checkpoint`` in one transaction: both or neither.
+        """:meth:`complete` and ``LeaseStore.save_checkpoint`` (for ``fence``'s owner), atomically.
 
         Raises:
             As :meth:`complete`, and CheckpointNotNewer (FAILED_PRECONDITION).
