@@ -9,7 +9,6 @@ real claim of the next worker: the database clock decides.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -19,33 +18,16 @@ from leasekeeper import (
     EffectInDoubt,
     EffectKeyReused,
     EffectRecord,
-    LeaseClient,
     LeaseLost,
     request_digest,
 )
 from tests.integration import contract_helpers as h
+from tests.integration.conftest import Worker
 
 pytestmark = pytest.mark.timeout(30)
 
 TASK = "t"
 TTL_S = 5.0
-
-Worker = Callable[..., LeaseClient]
-
-
-@pytest.fixture
-async def worker(server, namespace) -> AsyncIterator[Worker]:
-    """Makes worker clients (each its own owner) of the test server; closes them afterwards."""
-    clients: list[LeaseClient] = []
-
-    def make(**kwargs) -> LeaseClient:
-        client = LeaseClient(server.target, namespace=namespace, **kwargs)
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        await client.close()
 
 
 class OutsideSystem:

@@ -10,7 +10,6 @@ waiting out a ttl.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -35,23 +34,6 @@ pytestmark = pytest.mark.timeout(60)
 
 TASK = "run"
 TTL_S = 5.0
-
-Worker = Callable[..., LeaseClient]
-
-
-@pytest.fixture
-async def worker(server, namespace) -> AsyncIterator[Worker]:
-    """Makes clients (each its own owner) of the test server; closes them afterwards."""
-    clients: list[LeaseClient] = []
-
-    def make(**kwargs) -> LeaseClient:
-        client = LeaseClient(server.target, namespace=namespace, **kwargs)
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        await client.close()
 
 
 async def stream_answering(lease: HeldLease) -> None:
