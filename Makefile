@@ -10,7 +10,7 @@ NODE_DEPS := node_modules/.installed examples/node/node_modules/.installed
 
 .DEFAULT_GOAL := help
 
-.PHONY: help serve test lint protos protos-check protos-baseline demo bench bench-quick clean
+.PHONY: help serve test lint protos protos-check protos-baseline demo bench bench-quick docs docs-check clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -62,5 +62,15 @@ bench-quick: $(VENV)/.installed ## the benchmark suite in short windows (about 2
 demo: $(VENV)/.installed ## the paused-worker, crashed-worker and resumed-run scenarios on real processes
 	$(PY) examples/demo.py
 
+# MkDocs 1.x is pinned (<2); its plugins print a notice about a future 2.0 at every build.
+export DISABLE_MKDOCS_2_WARNING := true
+
+docs: $(VENV)/.installed ## build the documentation site strictly, then serve it on http://127.0.0.1:8000
+	$(VENV)/bin/mkdocs build --strict
+	$(VENV)/bin/mkdocs serve --strict
+
+docs-check: $(VENV)/.installed ## build the documentation site strictly into site/ (a broken link fails; CI runs it)
+	$(VENV)/bin/mkdocs build --strict
+
 clean: ## remove the virtual environment and the npm packages
-	rm -rf $(VENV) node_modules examples/node/node_modules
+	rm -rf $(VENV) node_modules examples/node/node_modules site

@@ -40,6 +40,14 @@ from .v1 import lease_service_pb2 as pb
 from .v1 import lease_service_pb2_grpc as pb_grpc
 
 DEFAULT_TARGET = "127.0.0.1:9457"
+TARGET_ENV = "LEASEKEEPER_TARGET"
+
+
+def default_target() -> str:
+    """The server address used when none is given: ``$LEASEKEEPER_TARGET``, else 127.0.0.1:9457."""
+    return os.environ.get(TARGET_ENV) or DEFAULT_TARGET
+
+
 DEFAULT_NAMESPACE = "default"
 DEFAULT_CALL_TIMEOUT_S = 10.0
 TOKEN_ENV = "LEASEKEEPER_TOKEN"
@@ -102,7 +110,7 @@ class LeaseClient:
 
     def __init__(
         self,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         namespace: str = DEFAULT_NAMESPACE,
         owner_id: str | None = None,
         channel: grpc.aio.Channel | None = None,
@@ -116,7 +124,9 @@ class LeaseClient:
 
         Args:
             target: The server address (``host:port``, any gRPC target); unused
-                when ``channel`` is given. Replicas may be listed, e.g.
+                when ``channel`` is given. None: the ``LEASEKEEPER_TARGET``
+                environment variable if set, else ``127.0.0.1:9457`` (the
+                ``leasekeeper`` command reads the same variable). Replicas may be listed, e.g.
                 ``"ipv4:10.0.0.1:9457,10.0.0.2:9457"``: the channel uses the first
                 that answers and moves to the next when it goes away, and the
                 heartbeat resumes there with the same fence.
@@ -153,7 +163,7 @@ class LeaseClient:
             InvalidArgument: ``call_timeout`` is not a finite duration (raised locally).
 
         """
-        self._target = target
+        self._target = target or default_target()
         self._namespace = namespace
         self._owner = OwnerIdentity(owner_id)
         self._channel = channel

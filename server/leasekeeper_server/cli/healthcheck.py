@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from leasekeeper.client import DEFAULT_TARGET
+from leasekeeper.client import default_target
 from leasekeeper_server.rpc.service import SERVICE_NAME
 
 SERVING = "SERVING"
@@ -56,7 +56,7 @@ def _why(error: grpc.RpcError) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Prints the state found (module docstring); returns 0 for SERVING, else 1."""
     args = sys.argv[1:] if argv is None else list(argv)
-    target = args[0] if args else DEFAULT_TARGET
+    target = args[0] if args else default_target()
     try:
         state = check(target)
     except grpc.RpcError as exc:

@@ -38,7 +38,7 @@ from google.protobuf.message import Message
 
 from leasekeeper import CHANNEL_OPTIONS
 from leasekeeper._types import EFFECT_STATES
-from leasekeeper.client import DEFAULT_TARGET
+from leasekeeper.client import default_target
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as pb_grpc
 from leasekeeper_server.cli import output as out
@@ -105,8 +105,8 @@ def connection_options() -> argparse.ArgumentParser:
     group = parser.add_argument_group("server")
     group.add_argument(
         "--target",
-        default=os.environ.get("LEASEKEEPER_TARGET") or DEFAULT_TARGET,
-        help="server address host:port (default: $LEASEKEEPER_TARGET, else %(default)s)",
+        default=default_target(),
+        help="server address host:port (default: $LEASEKEEPER_TARGET, else 127.0.0.1:9457)",
     )
     group.add_argument(
         "--token",
