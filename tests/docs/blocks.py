@@ -156,7 +156,7 @@ def _prepare(example: Example) -> tuple[Path, dict[str, str]]:
 
 def _run(block: Block, workdir: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     if block.language == "python":
-        script = workdir / f"snippet_{block.line}.py"
+        script = Path(tempfile.mkdtemp(prefix="docs-snippet-")) / f"snippet_{block.line}.py"
         script.write_text(block.source)
         command = [sys.executable, str(script)]
         cwd = workdir
