@@ -38,6 +38,7 @@ from ._types import (
     EffectRecord,
     FenceCheck,
     LeaseInfo,
+    NamespaceInfo,
     RenewedLease,
     TaskEvent,
 )
@@ -121,6 +122,7 @@ __all__ = [
     "LeaseUnavailable",
     "LimitExceeded",
     "MissingFence",
+    "NamespaceInfo",
     "NotAcquired",
     "Performed",
     "RenewedLease",

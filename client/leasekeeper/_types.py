@@ -155,6 +155,22 @@ class TaskEvent:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class NamespaceInfo:
+    """A namespace that holds tasks, as ``LeaseClient.list_namespaces`` returns it.
+
+    Attributes:
+        namespace: The namespace.
+        task_count: How many tasks it holds, every state, counted up to 1000.
+        task_count_capped: True when it holds more than ``task_count`` (1000)
+            tasks: the server stops counting there.
+    """
+
+    namespace: str
+    task_count: int
+    task_count_capped: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class FenceCheck:
     """The answer of ValidateFence.
 
@@ -297,6 +313,15 @@ def task_event(message: pb.TaskEvent) -> TaskEvent:
         type=enum_name(pb.TaskEventType, message.type, "TASK_EVENT_TYPE_") or "UNSPECIFIED",
         lease=lease_info(message.lease) if message.HasField("lease") else None,
         event_time=instant(message, "event_time"),
+    )
+
+
+def namespace_info(message: pb.NamespaceSummary) -> NamespaceInfo:
+    """Convert a ``NamespaceSummary`` proto."""
+    return NamespaceInfo(
+        namespace=message.namespace,
+        task_count=message.task_count,
+        task_count_capped=message.task_count_capped,
     )
 
 

@@ -29,6 +29,7 @@ from ._types import (
     EffectRecord,
     FenceCheck,
     LeaseInfo,
+    NamespaceInfo,
     RenewedLease,
     Seconds,
     TaskEvent,
@@ -778,6 +779,53 @@ class LeaseClient:
         )
         response = await self._call(self.stub.ListLeases, request)
         return [_types.lease_info(lease) for lease in response.leases], response.next_page_token
+
+    async def list_namespaces(
+        self, page_size: int = 100, page_token: str = ""
+    ) -> tuple[list[NamespaceInfo], str]:
+        """One page of the namespaces that hold tasks, ordered by name byte for byte.
+
+        Any namespace, not only this client's. A namespace is listed from its
+        first claim on; limits or tokens alone do not make one. Each comes
+        with its count of tasks (every state), counted up to 1000
+        (``task_count_capped`` when there are more). An operator's call: it
+        needs an admin token when the server requires tokens, and lists only
+        the namespaces that token covers, so a page may hold fewer than
+        ``page_size`` namespaces (even none) and still have a next page.
+
+        Args:
+            page_size: At most this many (server maximum 1000).
+            page_token: From the previous page; empty for the first.
+
+        Returns:
+            ``(namespaces, next_page_token)``: :class:`~leasekeeper.NamespaceInfo`
+            values; the token is empty on the last page.
+
+        Raises:
+            AccessDenied: UNAUTHENTICATED, or PERMISSION_DENIED (the token's
+                role is not admin).
+            InvalidArgument: INVALID_ARGUMENT (a page_size outside [0, 1000],
+                a page_token of another listing).
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.ListNamespacesRequest(page_size=page_size, page_token=page_token)
+        response = await self._call(self.stub.ListNamespaces, request)
+        namespaces = [_types.namespace_info(summary) for summary in response.namespaces]
+        return namespaces, response.next_page_token
+
+    async def iter_namespaces(self, page_size: int = 100) -> AsyncIterator[NamespaceInfo]:
+        """Every namespace that holds tasks (that the token covers), page by page.
+
+        Raises:
+            AccessDenied: UNAUTHENTICATED, or PERMISSION_DENIED (the token's
+                role is not admin).
+            InvalidArgument: INVALID_ARGUMENT.
+            LeaseUnavailable: UNAVAILABLE, on any page.
+
+        """
+        async for namespace in _every_page(lambda token: self.list_namespaces(page_size, token)):
+            yield namespace
 
     async def revoke(self, task_id: str, reason: str, fence: int = 0) -> tuple[bool, LeaseInfo]:
         """End the task's lease now (an operator's call; needs an admin token when auth is on).

@@ -53,7 +53,8 @@ async def test_cancel_ends_the_task_and_its_live_lease(world: World) -> None:
     first = await world.held(owner_id="w1")
     await world.store.release(world.ref(first), complete=False)
     lease = await world.held(owner_id="w1", ttl=10 * MINUTE)
-    cancelled = await world.store.cancel(world.key(), "no longer needed")
+    changed, cancelled = await world.store.cancel(world.key(), "no longer needed")
+    assert changed
     assert cancelled.row_state == "cancelled" and cancelled.state is TaskState.CANCELLED
     assert (cancelled.fence, cancelled.owner_id) == (lease.fence, "w1")
     assert cancelled.end_reason == "TASK_CANCELLED"
@@ -71,8 +72,11 @@ async def test_cancel_ends_the_task_and_its_live_lease(world: World) -> None:
 
 async def test_cancel_is_idempotent(world: World) -> None:
     await world.held()
-    cancelled = await world.store.cancel(world.key(), "first words")
-    again = await world.store.cancel(world.key(), "second words")
+    changed, cancelled = await world.store.cancel(world.key(), "first words")
+    history = await world.history()
+    changed_again, again = await world.store.cancel(world.key(), "second words")
+    assert (changed, changed_again) == (True, False)  # the second changed nothing
+    assert await world.history() == history  # and wrote nothing
     assert again.state is TaskState.CANCELLED
     assert again.state_reason == "first words"  # the first cancel stands
     assert again.expire_time == cancelled.expire_time
@@ -86,7 +90,8 @@ async def test_cancel_of_a_task_in_any_unended_state(world: World, state: str) -
     elif state != "HELD":
         await world.advance(2 * MINUTE)
     assert (await world.lease()).state.value == state
-    cancelled = await world.store.cancel(world.key(), "stop")
+    changed, cancelled = await world.store.cancel(world.key(), "stop")
+    assert changed
     assert cancelled.state is TaskState.CANCELLED and cancelled.fence == lease.fence
     await refused_claims(world, LossReason.TASK_CANCELLED, lease.fence)
 

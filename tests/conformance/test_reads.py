@@ -1,10 +1,13 @@
-"""GetLease and ListLeases on both implementations (SQL ``get_leases``, ``list_leases``)."""
+"""GetLease, ListLeases and ListNamespaces on both implementations.
+
+SQL ``get_leases``, ``list_leases`` and ``list_namespaces``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 
-from leasekeeper_server.core.model import TaskKey, TaskState
+from leasekeeper_server.core.model import NAMESPACE_COUNT_LIMIT, NamespaceCount, TaskKey, TaskState
 from tests.conformance.conftest import MINUTE, World
 
 
@@ -125,3 +128,65 @@ async def test_list_filters_by_the_run_states(world: World) -> None:
     assert await listed(TaskState.CANCELLED) == ["cancelled"]
     assert await listed(TaskState.FAILED) == ["failed"]
     assert await listed(TaskState.FREE) == ["retried"]
+
+
+# ListNamespaces. The PostgreSQL world shares its database with other tests, so
+# each test reads the namespaces right after its own (world.namespace + "/...":
+# no other test's namespace sorts between them).
+
+
+async def test_list_namespaces_counts_every_task_and_pages_by_name(world: World) -> None:
+    a, b, c = (f"{world.namespace}/{name}" for name in ("a", "b", "c"))
+    for namespace, count in ((c, 2), (a, 3), (b, 1)):
+        for n in range(count):
+            await world.store.claim(TaskKey(namespace, f"t{n}"), "w", MINUTE, MINUTE)
+    # Every state counts: a completed task, a free one.
+    done = await world.store.get_lease(TaskKey(c, "t0"))
+    assert done is not None
+    await world.store.release(world.ref(done), complete=True)
+    free = await world.store.get_lease(TaskKey(c, "t1"))
+    assert free is not None
+    await world.store.release(world.ref(free), complete=False)
+
+    page = await world.store.list_namespaces(world.namespace, 2)
+    assert page == [NamespaceCount(a, 3, False), NamespaceCount(b, 1, False)]
+    page = await world.store.list_namespaces(b, 2)
+    assert page[0] == NamespaceCount(c, 2, False)
+    # The key need not be a namespace: paging goes on after where it would be.
+    page = await world.store.list_namespaces(f"{world.namespace}/a0", 1)
+    assert page == [NamespaceCount(b, 1, False)]
+    # A namespace without tasks is not listed (its own name holds none).
+    assert world.namespace not in [n.namespace for n in await world.store.list_namespaces("", 1000)]
+
+
+async def test_list_namespaces_orders_names_byte_for_byte(world: World) -> None:
+    names = [f"{world.namespace}/{suffix}" for suffix in ("é", "a", "B", "Z", "日本")]
+    for namespace in names:
+        await world.store.claim(TaskKey(namespace, "t"), "w", MINUTE, MINUTE)
+    page = await world.store.list_namespaces(world.namespace, len(names))
+    listed = [n.namespace for n in page]
+    assert listed == sorted(names, key=lambda name: name.encode("utf-8"))
+    assert [name.removeprefix(world.namespace) for name in listed] == [
+        "/B",
+        "/Z",
+        "/a",
+        "/é",
+        "/日本",
+    ]
+
+
+async def test_list_namespaces_counts_up_to_the_limit(world: World) -> None:
+    """A count stops after NAMESPACE_COUNT_LIMIT: more tasks than that are only "capped"."""
+    full, over = f"{world.namespace}/full", f"{world.namespace}/over"
+    for namespace, count in ((full, NAMESPACE_COUNT_LIMIT), (over, NAMESPACE_COUNT_LIMIT + 1)):
+        await asyncio.gather(
+            *(
+                world.store.claim(TaskKey(namespace, f"t{n:04d}"), "w", MINUTE, MINUTE)
+                for n in range(count)
+            )
+        )
+    page = await world.store.list_namespaces(world.namespace, 2)
+    assert page == [
+        NamespaceCount(full, NAMESPACE_COUNT_LIMIT, False),
+        NamespaceCount(over, NAMESPACE_COUNT_LIMIT, True),
+    ]

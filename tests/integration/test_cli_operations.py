@@ -62,19 +62,24 @@ async def test_revoke_json_prints_the_outcome_and_the_lease(server, stub, namesp
     assert answer["revoked"] is True
     assert (answer["lease"]["task_id"], answer["lease"]["fence"]) == ("t", 1)
     assert answer["lease"]["revoke_reason"] == "drain"
-    # Nothing left to revoke: an answer, not an error.
-    code, out, _ = await run_cli("revoke", "t", "--reason", "again", *where)
-    assert code == 0
-    assert json.loads(out)["revoked"] is False
+    # Nothing left to revoke: the answer on stdout, exit 3, and why on stderr.
+    code, out, err = await run_cli("revoke", "t", "--reason", "again", *where)
+    assert code == 3
+    assert json.loads(out)["revoked"] is False and out.count("\n") == 1
+    why = "t holds no lease to revoke (state FREE, current fence 1)"
+    assert err == f"leasekeeper: nothing changed: {why}\n"
 
 
 async def test_revoke_other_fence_leaves_the_current_lease_alone(server, stub, namespace):
     await claim_held(stub, namespace, "t")
-    code, out, _ = await run_cli(
+    code, out, err = await run_cli(
         "revoke", "t", "-n", namespace, "--reason", "x", "--fence", "2", "--target", server.target
     )
-    assert code == 0
-    assert out.startswith("not revoked: t fence 2")
+    assert code == 3
+    assert err.startswith("leasekeeper: nothing changed: t fence 2 holds no lease to revoke")
+    assert err.count("\n") == 1
+    fields = dict(line.split(maxsplit=1) for line in out.splitlines())
+    assert (fields["state"], fields["fence"], fields["revoke_reason"]) == ("HELD", "1", "-")
     reply = await stub.GetLease(pb.GetLeaseRequest(namespace=namespace, task_id="t"))
     assert (reply.lease.state, reply.lease.fence) == (pb.TASK_STATE_HELD, 1)
 
@@ -303,9 +308,19 @@ async def test_tokens_create_list_revoke_round_trip(database_url, db, namespace)
     listed = {x["token_id"]: x for x in map(json.loads, out.splitlines())}
     assert listed[token_id]["status"] == "revoked"
     assert listed[token_id]["revoke_time"] is not None
-    # Revoking again finds nothing to revoke.
-    code, _, err = await run_cli("tokens", "revoke", token_id, env=env)
-    assert code == 1 and token_id in err
+    # Revoking again changes nothing: exit 3, saying so; --json prints the token.
+    code, out, err = await run_cli("tokens", "revoke", token_id, env=env)
+    assert (code, out) == (3, "")
+    assert err.startswith(f"leasekeeper: nothing changed: token {token_id} was revoked already")
+    code, out, err = await run_cli("tokens", "revoke", token_id, "--json", env=env)
+    assert code == 3 and err.count("\n") == 1
+    shown = json.loads(out)
+    assert (shown["token_id"], shown["status"]) == (token_id, "revoked")
+    assert shown["revoke_time"] == listed[token_id]["revoke_time"]
+    # An id no token has is an error.
+    code, out, err = await run_cli("tokens", "revoke", "nosuchid", env=env)
+    assert (code, out) == (1, "")
+    assert err == "leasekeeper: no token with id 'nosuchid'\n"
 
 
 async def test_tokens_create_expires_in_sets_expire_time_on_the_database_clock(
@@ -475,8 +490,9 @@ async def test_limits_set_resets_the_claim_bucket_only_when_the_rate_changes(
     )
     assert (await run_cli("limits", "set", namespace, "--max-leases", "7", env=env))[0] == 0
     assert (await _limits_row(db, namespace))["bucket_tokens"] == 0.5
-    assert (await run_cli("limits", "set", namespace, "--claims-per-second", "2", env=env))[0] == 0
-    assert (await _limits_row(db, namespace))["bucket_tokens"] == 0.5  # the same rate
+    # The same rate: nothing changed (exit 3), the bucket kept.
+    assert (await run_cli("limits", "set", namespace, "--claims-per-second", "2", env=env))[0] == 3
+    assert (await _limits_row(db, namespace))["bucket_tokens"] == 0.5
     assert (await run_cli("limits", "set", namespace, "--claims-per-second", "3", env=env))[0] == 0
     row = await _limits_row(db, namespace)
     assert (row["bucket_tokens"], row["bucket_time"]) == (None, None)
@@ -597,12 +613,16 @@ async def test_token_option_and_environment_authorize_calls(database_url, tmp_pa
         code, out, err = await run_cli("leases", "list", *where)
         assert (code, out) == (1, "")
         assert err.startswith("leasekeeper: UNAUTHENTICATED:") and err.count("\n") == 1
+        # The namespace holds no tasks: said on stderr, with those the token covers.
+        empty = f'leasekeeper: namespace "{namespace}" holds no tasks; namespaces with tasks'
         code, _, err = await run_cli("leases", "list", *where, "--token", guarded["admin"])
-        assert (code, err) == (0, "")
+        assert code == 0 and err.startswith(f"{empty} that the token covers: ")
+        assert err.count("\n") == 1
         code, _, err = await run_cli(
             "leases", "list", *where, env={"LEASEKEEPER_TOKEN": guarded["admin"]}
         )
-        assert (code, err) == (0, "")
+        assert code == 0 and err.startswith(f"{empty} that the token covers: ")
+        assert err.count("\n") == 1
         # A worker token may not revoke.
         code, _, err = await run_cli(
             "revoke", "t", *where, "--reason", "x", "--token", guarded["worker"]
@@ -614,7 +634,7 @@ async def test_tls_options_reach_a_mutual_tls_server(database_url, tmp_path, nam
     async with _guarded_server(database_url, tmp_path, tls=True) as guarded:
         where = ("-n", namespace, "--target", guarded["target"], "--token", guarded["admin"])
         code, out, err = await run_cli("leases", "list", *where, *guarded["tls"])
-        assert (code, err) == (0, "")
+        assert code == 0 and err.startswith(f'leasekeeper: namespace "{namespace}" holds no')
         assert out.split() == [
             "TASK_ID",
             "STATE",

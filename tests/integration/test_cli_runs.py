@@ -200,11 +200,22 @@ async def test_cancel_prints_the_cancelled_task_and_a_claim_is_refused(server, s
     )
     assert not check.valid
 
-    # Cancelling a cancelled task changes nothing; --json prints the answer.
+    # Cancelling a cancelled task changes nothing, says so and exits 3; --json prints the
+    # answer (cancelled false, the first reason kept).
     code, out, err = await run_cli("tasks", "cancel", "t", *where, "--reason", "again", "--json")
-    assert (code, err) == (0, "")
-    lease = json.loads(out)["lease"]
+    assert code == 3
+    assert err == (
+        'leasekeeper: nothing changed: t was cancelled already (its reason stays: "no longer '
+        'needed")\n'
+    )
+    answer = json.loads(out)
+    assert answer["cancelled"] is False and out.count("\n") == 1
+    lease = answer["lease"]
     assert (lease["state"], lease["fence"]) == ("CANCELLED", fence)
+    assert lease["cancel_reason"] == "no longer needed"
+    code, out, err = await run_cli("tasks", "cancel", "t", *where, "--reason", "third")
+    assert code == 3 and err.startswith("leasekeeper: nothing changed: t was cancelled already")
+    assert _fields(out)["cancel_reason"] == "no longer needed"  # no "cancelled:" headline
     entries = await _history_json(server, namespace, "t")
     cancelled = [e for e in entries if e["kind"] == "CANCELLED"]
     assert [e["reason"] for e in cancelled] == ["no longer needed"]

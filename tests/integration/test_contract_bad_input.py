@@ -68,6 +68,13 @@ def _list(**kw: Any) -> Callable[[str], pb.ListLeasesRequest]:
     return build
 
 
+def _list_namespaces(**kw: Any) -> Callable[[str], pb.ListNamespacesRequest]:
+    def build(ns: str) -> pb.ListNamespacesRequest:
+        return pb.ListNamespacesRequest(**kw)
+
+    return build
+
+
 def _begin(**kw: Any) -> Callable[[str], pb.BeginEffectRequest]:
     def build(ns: str) -> pb.BeginEffectRequest:
         fields = {
@@ -204,6 +211,9 @@ CASES = [
     ("ListLeases", _list(page_token="abc"), "page_token", "list-token-bad-padding"),
     ("ListLeases", _list(page_token=_b64(b"\xff\xfe")), "page_token", "list-token-not-utf8"),
     ("ListLeases", _list(page_token=_b64(b"a\x00")), "page_token", "list-token-nul"),
+    ("ListNamespaces", _list_namespaces(page_size=1001), "page_size", "namespaces-page-size-1001"),
+    ("ListNamespaces", _list_namespaces(page_size=-1), "page_size", "namespaces-page-size-neg"),
+    ("ListNamespaces", _list_namespaces(page_token="%%"), "page_token", "namespaces-token-garbage"),
     # the effect ledger
     ("BeginEffect", _begin(effect_key=""), "effect_key", "begin-empty-effect-key"),
     ("BeginEffect", _begin(effect_key=LONG_ID), "effect_key", "begin-257-byte-effect-key"),
@@ -232,6 +242,7 @@ CASES = [
     ("ValidateFence", _raw(b"\x18"), "request", "validate-truncated-varint"),
     ("GetLease", _raw(b"\x0a\x01\xc0"), "request", "get-invalid-utf8"),
     ("ListLeases", _raw(b"\x22\x01\xff"), "request", "list-invalid-utf8-token"),
+    ("ListNamespaces", _raw(b"\x12\x01\xff"), "request", "namespaces-invalid-utf8-token"),
     ("BeginEffect", _raw(b"\x22\x01\xff"), "request", "begin-invalid-utf8-effect-key"),
     ("CompleteEffect", _raw(b"\x3a\x05ab"), "request", "complete-truncated-result"),
     ("ListEffects", _raw(b"\xff"), "request", "list-effects-garbage-body"),

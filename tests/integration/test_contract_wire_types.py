@@ -105,6 +105,7 @@ REQUESTS: dict[str, Callable[[str], Message]] = {
     "ListLeases": lambda ns: pb.ListLeasesRequest(
         namespace=ns, state=pb.TASK_STATE_HELD, page_size=10, owner_id="a"
     ),
+    "ListNamespaces": lambda ns: pb.ListNamespacesRequest(page_size=10),
     "BeginEffect": lambda ns: pb.BeginEffectRequest(
         namespace=ns,
         task_id="t",

@@ -21,6 +21,8 @@ on the tables' size, of shared buffers touched and of rows its scans read
 though its buffers stay few when the heap is in the index's order): one
 task's statements a few index pages and rows, a page of ``list_leases`` or
 ``list_history`` about a page (``list_leases`` reads up to its scan budget),
+``list_namespaces`` a descent per namespace and at most its count limit
+(plus one) of index entries of each, however many tasks a namespace holds,
 the sweeper's statements about one visit per live lease, the pruner's a few
 per entry it is about (past its age, or written since its last pass).
 """
@@ -47,13 +49,14 @@ from bench.scale import (
     buffers,
     explain,
     live_leases,
+    namespaces,
     plan_nodes,
     probes,
     run_admin,
     seed,
     unannounced_leases,
 )
-from leasekeeper_server.core.model import LIST_SCAN_BUDGET
+from leasekeeper_server.core.model import LIST_SCAN_BUDGET, NAMESPACE_COUNT_LIMIT
 from leasekeeper_server.settings import Settings
 from leasekeeper_server.storage import queries
 from leasekeeper_server.storage.migrate import migrate
@@ -95,6 +98,13 @@ PRUNE_BUFFERS = {
     # descent of its task's index; per entry deleted, the descent that deletes it.
     "prune_history_count": 3 * (BUSY_ENTRIES + RECENT) + 100,
 }
+# ListNamespaces over the seeded namespaces (a few, each with more tasks than a
+# count reads): per namespace, a descent to it and the index entries its count
+# reads (the limit and one more), their index leaves and, where the visibility
+# map is not set (a transaction elsewhere holds it back), the heap page of each.
+LISTED_NAMESPACES = len(namespaces())
+NAMESPACES_ROWS = LISTED_NAMESPACES * (NAMESPACE_COUNT_LIMIT + 3) + 10
+NAMESPACES_BUFFERS = LISTED_NAMESPACES * (NAMESPACE_COUNT_LIMIT + 1 + 30) + 40
 # Rows one execution's scans may read (returned or filtered out), on the same
 # grounds: a task's row and its effect's; each task of a batch; a page, or a
 # listing's scan budget; each live or unannounced lease twice; each entry past
@@ -184,6 +194,8 @@ SET watermark = (SELECT max(sequence) FROM leasekeeper_task_history) - $1::bigin
 
 def budget(probe: Probe) -> int:
     """The most shared buffers the probe's statement may touch at any table size."""
+    if probe.statement == "list_namespaces":
+        return NAMESPACES_BUFFERS
     if probe.grows_with == "the page":
         return PAGE_BUFFERS
     if probe.grows_with == "the batch":
@@ -197,6 +209,8 @@ def budget(probe: Probe) -> int:
 
 def row_budget(probe: Probe) -> int:
     """The most rows the probe's statement's scans may read at any table size."""
+    if probe.statement == "list_namespaces":
+        return NAMESPACES_ROWS
     if probe.grows_with == "the page":
         return PAGE_ROWS
     if probe.grows_with == "the batch":
@@ -340,6 +354,20 @@ async def run_probes(conn: asyncpg.Connection) -> list[Probe]:
             one,
         ),
         Probe("list_history", "list_history", (ns, task, 0, PAGE), (HISTORY_TASK,), "the page"),
+        Probe(
+            "list_namespaces",
+            "list_namespaces",
+            ("", PAGE, NAMESPACE_COUNT_LIMIT + 1),
+            one,
+            "the namespaces and the tasks each count reads",
+        ),
+        Probe(
+            "list_namespaces (a later page)",
+            "list_namespaces",
+            (namespaces()[1], PAGE, NAMESPACE_COUNT_LIMIT + 1),
+            one,
+            "the namespaces and the tasks each count reads",
+        ),
         Probe(
             "list_history (a later page)",
             "list_history",
@@ -498,3 +526,22 @@ async def test_a_dropped_history_index_is_noticed(conn):
     problems = plan_problems(json.loads(plan)[0]["Plan"], prune)
     assert f"does not read {HISTORY_AGE}" in problems
     assert "Seq Scan on leasekeeper_task_history" in problems
+
+
+async def test_list_namespaces_walks_the_primary_key_namespace_by_namespace(conn):
+    """A loose index scan: each namespace once, its tasks counted up to the limit, no sort."""
+    probe = next(p for p in await run_probes(conn) if p.statement == "list_namespaces")
+    rows = await _rolled_back(conn, probe)
+    counted = {r["namespace"]: r["tasks"] for r in rows}
+    seeded = await conn.fetch(
+        "SELECT namespace, count(*) AS tasks FROM leasekeeper_tasks GROUP BY namespace"
+        ' ORDER BY namespace COLLATE "C"'
+    )
+    assert list(counted) == [r["namespace"] for r in seeded]
+    assert counted == {r["namespace"]: min(r["tasks"], NAMESPACE_COUNT_LIMIT + 1) for r in seeded}
+    plan = (await explain(conn, queries.load()["list_namespaces"], probe.args))["Plan"]
+    nodes = list(plan_nodes(plan))
+    assert "Recursive Union" in {node["Node Type"] for node in nodes}
+    # No sort, no grouping of the table: each count is a plain aggregate of one namespace.
+    assert not [node for node in nodes if node["Node Type"] in ("Sort", "Seq Scan")]
+    assert {node.get("Strategy") for node in nodes if node["Node Type"] == "Aggregate"} <= {"Plain"}

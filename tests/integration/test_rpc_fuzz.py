@@ -121,6 +121,7 @@ DOCUMENTED: dict[str, dict[grpc.StatusCode, frozenset[str]]] = {
     "Heartbeat": {ABORTED: LOSS | ENDED},
     "GetLease": {NOT_FOUND: frozenset({"TASK_NOT_FOUND"})},
     "ListLeases": {},
+    "ListNamespaces": {},
     "BeginEffect": {
         ABORTED: FENCE_LOSS | ENDED,
         FAILED_PRECONDITION: frozenset({"EFFECT_KEY_REUSED"}),

@@ -288,8 +288,25 @@ async def test_cancel_and_retry_are_audited_with_the_operator_and_reason(
                 metadata=metadata,
             )
             await cancel(stub, namespace, "q", metadata=metadata)
+            again = await stub.Cancel(
+                pb.CancelRequest(namespace=namespace, task_id="q", reason="twice"),
+                metadata=metadata,
+            )
+            assert again.cancelled is False
 
-    mine = {r["event"]: r for r in audited.fields if r.get("namespace") == namespace}
+    cancels = [
+        r for r in audited.fields if r.get("namespace") == namespace and r["event"] == "cancel"
+    ]
+    # The second cancel changed nothing, and its record says so.
+    assert [(r["cancelled"], r["reason"]) for r in cancels] == [
+        (True, "not needed"),
+        (False, "twice"),
+    ]
+    mine = {
+        r["event"]: r
+        for r in audited.fields
+        if r.get("namespace") == namespace and r.get("cancelled") is not False
+    }
     assert mine["retry"] == {
         "event": "retry",
         "namespace": namespace,
@@ -303,6 +320,7 @@ async def test_cancel_and_retry_are_audited_with_the_operator_and_reason(
         "namespace": namespace,
         "task_id": "q",
         "fence": q.lease.fence,
+        "cancelled": True,
         "reason": "not needed",
         "principal": f"ops-{namespace}",
     }

@@ -370,6 +370,32 @@ class ListLeasesResponse(_message.Message):
     next_page_token: str
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
+class ListNamespacesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class NamespaceSummary(_message.Message):
+    __slots__ = ("namespace", "task_count", "task_count_capped")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TASK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TASK_COUNT_CAPPED_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    task_count: int
+    task_count_capped: bool
+    def __init__(self, namespace: _Optional[str] = ..., task_count: _Optional[int] = ..., task_count_capped: _Optional[bool] = ...) -> None: ...
+
+class ListNamespacesResponse(_message.Message):
+    __slots__ = ("namespaces", "next_page_token")
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    namespaces: _containers.RepeatedCompositeFieldContainer[NamespaceSummary]
+    next_page_token: str
+    def __init__(self, namespaces: _Optional[_Iterable[_Union[NamespaceSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
 class Effect(_message.Message):
     __slots__ = ("namespace", "task_id", "effect_key", "policy", "request_digest", "state", "fence", "complete_fence", "retryable", "result", "attempts", "begin_time", "complete_time", "external_operation_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -549,10 +575,12 @@ class CancelRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CancelResponse(_message.Message):
-    __slots__ = ("lease",)
+    __slots__ = ("lease", "cancelled")
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     lease: Lease
-    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+    cancelled: bool
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., cancelled: _Optional[bool] = ...) -> None: ...
 
 class RetryRequest(_message.Message):
     __slots__ = ("namespace", "task_id", "reason")

@@ -70,6 +70,11 @@ class LeaseServiceStub:
                 request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListLeasesRequest.SerializeToString,
                 response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListLeasesResponse.FromString,
                 _registered_method=True)
+        self.ListNamespaces = channel.unary_unary(
+                '/leasekeeper.v1.LeaseService/ListNamespaces',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListNamespacesRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListNamespacesResponse.FromString,
+                _registered_method=True)
         self.BeginEffect = channel.unary_unary(
                 '/leasekeeper.v1.LeaseService/BeginEffect',
                 request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.BeginEffectRequest.SerializeToString,
@@ -223,6 +228,21 @@ class LeaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListNamespaces(self, request, context):
+        """The namespaces that hold tasks, ordered by name byte for byte, in pages,
+        each with its count of tasks (every state), counted up to 1000. A
+        namespace is listed from its first claim on (tasks are never deleted);
+        limits or tokens alone do not make one. When the server requires
+        tokens, only the namespaces the caller's token covers are listed, so a
+        page may hold fewer than page_size namespaces (even none) and still
+        have a next page: read on until next_page_token is empty. The cost of a
+        page follows the namespaces it passes and the tasks it counts (at most
+        1001 a namespace), never the number of tasks in the database.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def BeginEffect(self, request, context):
         """Reserves an effect for the caller's fence in the effect ledger. One
         transaction, decided on the database clock: the fence must be the task's
@@ -327,7 +347,8 @@ class LeaseServiceServicer:
         every fence of the task is refused from then on (ValidateFence, Renew,
         BeginEffect, CompleteEffect, SaveCheckpoint) and claims are refused
         FAILED_PRECONDITION TASK_CANCELLED. The checkpoint is kept. Cancelling
-        a cancelled task answers OK and changes nothing.
+        a cancelled task answers OK with cancelled=false and changes nothing
+        (the first cancel's reason stays).
 
         Errors:
         NOT_FOUND            TASK_NOT_FOUND: the task was never claimed.
@@ -412,6 +433,11 @@ def add_LeaseServiceServicer_to_server(servicer, server):
                     servicer.ListLeases,
                     request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListLeasesRequest.FromString,
                     response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListLeasesResponse.SerializeToString,
+            ),
+            'ListNamespaces': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNamespaces,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListNamespacesRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListNamespacesResponse.SerializeToString,
             ),
             'BeginEffect': grpc.unary_unary_rpc_method_handler(
                     servicer.BeginEffect,
@@ -649,6 +675,33 @@ class LeaseService:
             '/leasekeeper.v1.LeaseService/ListLeases',
             leasekeeper_dot_v1_dot_lease__service__pb2.ListLeasesRequest.SerializeToString,
             leasekeeper_dot_v1_dot_lease__service__pb2.ListLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNamespaces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasekeeper.v1.LeaseService/ListNamespaces',
+            leasekeeper_dot_v1_dot_lease__service__pb2.ListNamespacesRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.ListNamespacesResponse.FromString,
             options,
             channel_credentials,
             insecure,

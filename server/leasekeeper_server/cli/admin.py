@@ -15,9 +15,13 @@
 They find the database as ``serve`` and ``migrate`` do: ``LEASEKEEPER_DATABASE_URL``,
 else the embedded PostgreSQL in the data directory. Every server applies a
 change at once (the database announces it on channel ``leasekeeper_config``).
-Listings print an aligned table, or JSON (one object per line) with ``--json``.
-A bad option value exits 2; a database that cannot be used exits 1, or 2 when
-it refuses the connection for good (cli/main.py says why, in one line).
+Listings print an aligned table; every command prints JSON Lines with
+``--json`` (one object per line, nothing else on stdout). A bad option value
+exits 2; an unknown token id exits 1; a database that cannot be used exits
+1, or 2 when it refuses the connection for good (cli/main.py says why, in
+one line). A command that changed nothing exits 3 and says why on stderr:
+``tokens revoke`` of a token revoked already, ``limits set`` of the values
+already set, ``limits clear`` of limits not set.
 """
 
 from __future__ import annotations
@@ -70,6 +74,19 @@ OPTION_OF = {
 COMMANDS = frozenset({"tokens", "limits"})
 """The commands this module runs."""
 
+# Each command's synopsis, as `leasekeeper --help` lists it (cli/main.py's epilog;
+# a long one goes on over indented lines).
+SYNOPSIS = (
+    "tokens create --name NAME --role worker|effect|admin --namespace NS [--expires-in S]",
+    "tokens list",
+    "tokens revoke TOKEN_ID",
+    "limits set NS [--max-leases N] [--claims-per-second R] [--burst B]\n"
+    "    [--lock-delay S] [--max-attempts N]",
+    "limits clear NS (--max-leases | --claims-per-second | --burst | --lock-delay |\n"
+    "    --max-attempts | --all) ...",
+    "limits list",
+)
+
 
 class UsageError(Exception):
     """A bad option value; the command exits 2."""
@@ -101,6 +118,36 @@ def _token_status(record: Any, db_now: datetime) -> str:
     return "active"
 
 
+async def _token_records(conn: asyncpg.Connection) -> list[out.Record]:
+    """Every database token with its status, judged on the database clock (as servers do)."""
+    from leasekeeper_server.security import tokens
+
+    db_now = await conn.fetchval("SELECT clock_timestamp()")
+    return [
+        {**dataclasses.asdict(record), "status": _token_status(record, db_now)}
+        for record in await tokens.list_tokens(conn)
+    ]
+
+
+async def _revoke_token(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+    """``tokens revoke``: 0 revoked now, 3 revoked already (nothing changed), 1 unknown id."""
+    from leasekeeper_server.security import tokens
+
+    revoked = await tokens.revoke_token(conn, args.token_id)
+    record = next((r for r in await _token_records(conn) if r["token_id"] == args.token_id), None)
+    if record is None:
+        print(f"leasekeeper: no token with id {args.token_id!r}", file=sys.stderr)
+        return out.EXIT_FAILED
+    if args.json:
+        print(out.to_json(record))
+    elif revoked:
+        print(f"revoked token {args.token_id}")
+    if revoked:
+        return out.EXIT_OK
+    when = out.cell(record["revoke_time"])
+    return out.unchanged(f"token {args.token_id} was revoked already ({when})")
+
+
 async def _tokens(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
     from leasekeeper_server.security import tokens
 
@@ -129,27 +176,18 @@ async def _tokens(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
         )
         return 0
     if args.tokens_command == "revoke":
-        if await tokens.revoke_token(conn, args.token_id):
-            print(f"revoked token {args.token_id}")
-            return 0
-        print(f"leasekeeper: no unrevoked token with id {args.token_id!r}", file=sys.stderr)
-        return 1
-    # The database clock decides whether a token has expired, as it does for the servers.
-    db_now = await conn.fetchval("SELECT clock_timestamp()")
-    records = [
-        {**dataclasses.asdict(record), "status": _token_status(record, db_now)}
-        for record in await tokens.list_tokens(conn)
-    ]
-    _print_records(records, TOKEN_COLUMNS, args.json)
-    return 0
+        return await _revoke_token(conn, args)
+    _print_records(await _token_records(conn), TOKEN_COLUMNS, args.json)
+    return out.EXIT_OK
 
 
 async def _limits(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
     from leasekeeper_server.cli import limits as limits_admin
 
+    row: Any
     try:
         if args.limits_command == "set":
-            row: Any = await limits_admin.set_limits(
+            changed, row = await limits_admin.set_limits(
                 conn,
                 args.namespace,
                 max_leases=args.max_leases,
@@ -160,7 +198,7 @@ async def _limits(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
             )
         elif args.limits_command == "clear":
             every = args.all
-            row = await limits_admin.clear_limits(
+            changed, row = await limits_admin.clear_limits(
                 conn,
                 args.namespace,
                 max_leases=every or args.max_leases,
@@ -172,18 +210,22 @@ async def _limits(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
         else:
             rows = [dataclasses.asdict(row) for row in await limits_admin.list_limits(conn)]
             _print_records(rows, LIMIT_COLUMNS, args.json)
-            return 0
+            return out.EXIT_OK
     except limits_admin.LimitsError as exc:
         if exc.field == "limits":
             raise UsageError(f"limits {args.limits_command}: {exc.message}") from exc
         raise _usage(exc.field, exc.message) from exc
     if row is None:
         shown: out.Record = {"namespace": args.namespace, "limits": None}
-        print(out.to_json(shown) if args.json else f"{args.namespace}: no limits")
+        print(out.to_json(shown) if args.json else f"{out.cell(args.namespace)}: no limits")
     else:
         record = dataclasses.asdict(row)
         print(out.to_json(record) if args.json else out.details(record, LIMIT_COLUMNS))
-    return 0
+    if changed:
+        return out.EXIT_OK
+    if args.limits_command == "set":
+        return out.unchanged(f"the limits of {out.quoted(args.namespace)} have these values")
+    return out.unchanged(f"{out.quoted(args.namespace)} has none of these limits set")
 
 
 _COMMANDS: dict[str, Callable[[asyncpg.Connection, argparse.Namespace], Awaitable[int]]] = {
@@ -197,8 +239,9 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
 
     Returns:
         0 on success; 1 when the database is not migrated, or (``tokens
-        revoke``) there is nothing to revoke; 2 for a bad option value (one
-        line on stderr naming the option).
+        revoke``) no token has that id; 2 for a bad option value (one line on
+        stderr naming the option); 3 when the command changed nothing (one
+        line on stderr says why).
 
     Raises:
         DatabaseUnavailable: the database cannot be used (DatabaseRefused: for good).
@@ -233,16 +276,16 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
             await conn.close()
     except UsageError as exc:
         print(f"leasekeeper: {exc}", file=sys.stderr)
-        return 2
+        return out.EXIT_USAGE
     except asyncpg.UndefinedTableError:
         print(
             "leasekeeper: the database schema is not up to date: run `leasekeeper migrate`",
             file=sys.stderr,
         )
-        return 1
+        return out.EXIT_FAILED
     except asyncpg.PostgresError as exc:  # one line, no traceback
         print(f"leasekeeper: the database refused the change: {exc}", file=sys.stderr)
-        return 1
+        return out.EXIT_FAILED
     finally:
         if embedded is not None:
             embedded.stop()
@@ -274,7 +317,9 @@ def add_commands(commands: Any) -> None:
     """Adds ``tokens`` and ``limits`` to the ``leasekeeper`` parser."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--json", action="store_true", help="print JSON (one object per line for lists)"
+        "--json",
+        action="store_true",
+        help="print JSON Lines: one JSON object per line on stdout, nothing else",
     )
 
     tokens = commands.add_parser(
@@ -305,7 +350,14 @@ def add_commands(commands: Any) -> None:
         parents=[common],
         description="List tokens: an aligned table; --json prints one object per line.",
     )
-    revoke = sub.add_parser("revoke", help="revoke a token (servers refuse it at once)")
+    revoke = sub.add_parser(
+        "revoke",
+        help="revoke a token (servers refuse it at once)",
+        parents=[common],
+        description="Revoke a token: every server refuses it within about a second. A "
+        "token revoked already is left as it is: it says so and exits 3; an unknown id "
+        "exits 1. --json prints the token as one JSON object.",
+    )
     revoke.add_argument("token_id", help="the token's id (the part after 'lk_')")
 
     limits = commands.add_parser(
@@ -315,7 +367,14 @@ def add_commands(commands: Any) -> None:
         "server applies a change at once.",
     )
     sub = limits.add_subparsers(dest="limits_command", required=True)
-    setting = sub.add_parser("set", help="set some of a namespace's limits", parents=[common])
+    setting = sub.add_parser(
+        "set",
+        help="set some of a namespace's limits",
+        parents=[common],
+        description="Set some of a namespace's limits, keeping the others; prints them "
+        "(--json: one JSON object). Values already set change nothing: it says so and "
+        "exits 3.",
+    )
     setting.add_argument("namespace")
     setting.add_argument(
         "--max-leases",
@@ -348,7 +407,14 @@ def add_commands(commands: Any) -> None:
         help="the attempt limit of claims that set none: after N leases of a task end "
         "without a release, it is QUARANTINED until `leasekeeper tasks retry` or `tasks cancel`",
     )
-    clear = sub.add_parser("clear", help="clear some of a namespace's limits", parents=[common])
+    clear = sub.add_parser(
+        "clear",
+        help="clear some of a namespace's limits",
+        parents=[common],
+        description="Clear some of a namespace's limits; prints those left (--json: one "
+        "JSON object; 'limits': null when none are left). Limits not set change nothing: "
+        "it says so and exits 3.",
+    )
     clear.add_argument("namespace")
     for flag, what in (
         ("--max-leases", "the live-lease limit"),

@@ -9,7 +9,9 @@ server reloads its cache at once. The claim bucket's state (``bucket_tokens``,
 the burst resets it to a full bucket.
 
 A namespace without a row has no limits, no lock delay and no default
-attempt limit; a row left with nothing set is removed.
+attempt limit; a row left with nothing set is removed. A change that would
+leave every value as it is writes nothing (and announces nothing): set and
+clear say whether they changed the row.
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ async def set_limits(
     burst: float | None = None,
     lock_delay_s: float | None = None,
     max_attempts: int | None = None,
-) -> LimitsRow:
+) -> tuple[bool, LimitsRow]:
     """Sets some of a namespace's limits, keeping the others. Atomic; idempotent.
 
     Args:
@@ -162,7 +164,8 @@ async def set_limits(
             change.
 
     Returns:
-        The namespace's limits after the change.
+        Whether the call changed the row (False: every value given was set
+        already; nothing written), and the namespace's limits after it.
 
     Raises:
         LimitsError: a bad value (see :func:`check_limits`), no value given,
@@ -185,10 +188,13 @@ async def set_limits(
             lock_delay,
             max_attempts,
         )
+        changed = record is not None
+        if record is None:  # the values were set already: the row as it is
+            record = await conn.fetchrow(_sql()["get_limits"], namespace)
         row = _row(record)
         if row.burst is not None and row.claims_per_second is None:
             raise LimitsError("burst", "needs claims_per_second (a bucket needs a refill rate)")
-    return row
+    return changed, row
 
 
 async def clear_limits(
@@ -200,7 +206,7 @@ async def clear_limits(
     burst: bool = False,
     lock_delay: bool = False,
     max_attempts: bool = False,
-) -> LimitsRow | None:
+) -> tuple[bool, LimitsRow | None]:
     """Clears some of a namespace's limits (the rate takes its burst along). Atomic; idempotent.
 
     Clearing everything (every flag true) removes the row, as does clearing
@@ -217,7 +223,9 @@ async def clear_limits(
             carry none).
 
     Returns:
-        The limits left, or None when the namespace has none now (no row).
+        Whether the call changed anything (False: none of the limits named
+        was set; nothing written), and the limits left, or None when the
+        namespace has none now (no row).
 
     Raises:
         LimitsError: an empty or malformed namespace, or no flag given.
@@ -229,12 +237,17 @@ async def clear_limits(
         raise LimitsError("limits", "give at least one limit to clear")
     async with conn.transaction():
         if all(flags):
-            await conn.fetchval(_sql()["delete_limits"], namespace)
-            return None
+            deleted = await conn.fetchval(_sql()["delete_limits"], namespace)
+            return deleted is not None, None
         record = await conn.fetchrow(_sql()["clear_limits"], namespace, *flags)
-        if record is None or await conn.fetchval(_sql()["delete_empty_limits"], namespace):
-            return None
-        return _row(record)
+        changed = record is not None
+        if record is None:  # nothing named was set: the row as it is, if any
+            record = await conn.fetchrow(_sql()["get_limits"], namespace)
+        if record is None:
+            return changed, None
+        if await conn.fetchval(_sql()["delete_empty_limits"], namespace):
+            return True, None
+        return changed, _row(record)
 
 
 async def list_limits(conn: asyncpg.Connection) -> list[LimitsRow]:

@@ -5,38 +5,52 @@
     leasekeeper --version             print the installed version
     leasekeeper serve [--workers N]   start the service (embedded PostgreSQL if no URL is set)
     leasekeeper migrate               apply the schema migrations and exit
-    leasekeeper leases list [-n NS] [--state STATE | --expired] [--owner OWNER] [--limit N]
-    leasekeeper leases get TASK_ID [-n NS]
-    leasekeeper effects list TASK_ID [-n NS] [--state STATE]
-    leasekeeper tasks history [NS] TASK_ID [--limit N] [--json]
-    leasekeeper revoke TASK_ID -n NS --reason TEXT [--fence N]
+    leasekeeper leases list [NS] [--state STATE | --expired] [--owner OWNER] [--limit N]
+    leasekeeper leases get [NS] TASK_ID
+    leasekeeper effects list [NS] TASK_ID [--state STATE]
+    leasekeeper tasks history [NS] TASK_ID [--limit N]
     leasekeeper tasks cancel [NS] TASK_ID --reason TEXT
     leasekeeper tasks retry [NS] TASK_ID --reason TEXT
-    leasekeeper watch [TASK_ID] -n NS [--count N] [--timeout S]
+    leasekeeper revoke [NS] TASK_ID --reason TEXT [--fence N]
+    leasekeeper watch [NS [TASK_ID]] [--count N] [--timeout S]
+    leasekeeper namespaces [--limit N]
     leasekeeper tokens create|list|revoke ...
     leasekeeper limits set|clear|list ...
 
 Settings come from ``LEASEKEEPER_*`` environment variables (see settings.py).
-``leases``, ``effects``, ``tasks``, ``revoke`` and
-``watch`` call a running server at ``--target`` (``$LEASEKEEPER_TARGET``) with
-``--token`` (``$LEASEKEEPER_TOKEN``) and need only the thin client; ``tokens``
-and ``limits`` write the database directly, found as ``migrate`` finds it.
-Listings print aligned tables by default (instants ISO 8601 UTC, durations in
-seconds) and JSON with ``--json`` (one object per line, keys the proto's field
-names).
+``leases``, ``effects``, ``tasks``, ``revoke``, ``watch`` and ``namespaces``
+call a running server at ``--target`` (``$LEASEKEEPER_TARGET``) with
+``--token`` (``$LEASEKEEPER_TOKEN``) and need only the thin client; their
+namespace comes first (``[NS]``, default ``default``) or with ``-n NS``.
+``tokens`` and ``limits`` write the database directly, found as ``migrate``
+finds it. Listings print aligned tables by default (instants ISO 8601 UTC,
+durations in seconds). Every command that prints a result takes ``--json``:
+JSON Lines, exactly one JSON object per line on standard output and nothing
+else (keys the proto's field names, or the table's columns); notes and
+errors go to standard error.
 
-Exit codes, each failure reported in one line on standard error:
+Exit codes (``EXIT_CODES``, also shown by ``leasekeeper --help``), each
+failure and each note reported in one line on standard error:
 
 - 0: done.
 - 1: it failed, and may work later: a failed call (the gRPC status code and
-  message), a database out of reach (``serve``: for ``startup_wait_s``), a
-  listen address another process holds (named, with its variable).
+  message; a refusal such as ``tasks retry`` of a task that is not
+  quarantined, FAILED_PRECONDITION, is one), an unknown token id, a database
+  out of reach (``serve``: for ``startup_wait_s``), a listen address another
+  process holds (named, with its variable).
 - 2: it can never work as given: a usage error, an invalid ``LEASEKEEPER_*``
   setting (a ``database_url`` asyncpg cannot parse included), a database that
   refuses the connection for good (PostgreSQL's message: an unknown role, a
   wrong password, a missing database; ``serve``: a pooler in transaction or
   statement mode). Retrying or restarting cannot help. ``serve --workers``
   says each of these once, as ``serve`` does.
+- 3: done, and it changed nothing (``nothing changed: WHY`` on standard
+  error; the result is printed as for a change): ``revoke`` of a task that
+  holds no lease to revoke, ``tasks cancel`` of a cancelled task, ``limits
+  set`` of the values already set, ``limits clear`` of limits not set,
+  ``tokens revoke`` of a revoked token. ``migrate`` with the schema up to
+  date exits 0: it is run at every deployment.
+- 130: interrupted (Ctrl-C) during a call; ``watch`` ends 0 on Ctrl-C.
 - 141: standard output's reader went away (``| head``), as after SIGPIPE.
 """
 
@@ -118,14 +132,22 @@ async def _serve(settings: Settings) -> int:
             embedded.stop()
 
 
-async def _migrate(settings: Settings) -> int:
+async def _migrate(settings: Settings, json: bool) -> int:
     from leasekeeper_server.app import resolve_database
+    from leasekeeper_server.cli import output as out
     from leasekeeper_server.storage.migrate import migrate
 
     dsn, embedded = resolve_database(settings)
     try:
         applied = await migrate(dsn)
-        print(f"applied {len(applied)} migration(s): {applied}" if applied else "schema up to date")
+        if json:
+            print(out.to_json({"applied": applied}))
+        else:
+            print(
+                f"applied {len(applied)} migration(s): {applied}"
+                if applied
+                else "schema up to date"
+            )
         return 0
     finally:
         if embedded is not None:
@@ -149,6 +171,45 @@ def installed_version() -> str:
         return "unknown (not installed)"
 
 
+# The exit codes, as `leasekeeper --help` ends (the module docstring says more).
+EXIT_CODES = """\
+exit codes:
+  0    done
+  1    failed, may work later: a failed call (its gRPC status code and message), a
+       refusal (FAILED_PRECONDITION, NOT_FOUND), an unknown token id, a database or
+       server out of reach, a listen address in use
+  2    can never work as given: a usage error, an invalid LEASEKEEPER_* setting, a
+       database that refuses the connection for good
+  3    done, and changed nothing (said on stderr): revoke of a task holding no lease
+       to revoke, tasks cancel of a cancelled task, limits set of the values already
+       set, limits clear of limits not set, tokens revoke of a revoked token
+  130  interrupted (Ctrl-C) during a call (watch ends 0)
+  141  stdout's reader went away (| head)"""
+
+
+def _epilog() -> str:
+    """The top-level help's end: every command's synopsis, output, and the exit codes."""
+    from leasekeeper_server.cli import admin as cli_admin
+    from leasekeeper_server.cli import remote as cli_remote
+
+    lines = [
+        "commands:",
+        "  serve [--workers N]",
+        "  migrate",
+        *(
+            "  " + synopsis.replace("\n", "\n  ")
+            for synopsis in (*cli_remote.SYNOPSIS, *cli_admin.SYNOPSIS)
+        ),
+        "",
+        "NS is a namespace (default: default), first or with -n NS. Listings print aligned",
+        "tables; --json prints JSON Lines (one JSON object per line on stdout, nothing",
+        "else). Notes and errors go to stderr, one line each.",
+        "",
+        EXIT_CODES,
+    ]
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line grammar."""
     from leasekeeper_server.cli import admin as cli_admin
@@ -157,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="leasekeeper",
         description="The leasekeeper command: serve, migrate, inspect and operate.",
-        epilog="Listings print aligned tables; add --json for JSON (one object per line).",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -169,7 +231,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="server processes sharing the listen port (SO_REUSEPORT) and the database, "
         "supervised by this one (default: $LEASEKEEPER_WORKERS, else 1: serve in this process)",
     )
-    commands.add_parser("migrate", help="apply schema migrations and exit")
+    migrate = commands.add_parser(
+        "migrate",
+        help="apply schema migrations and exit",
+        description="Apply the schema migrations not applied yet, and exit (0 also when the "
+        "schema is up to date). --json prints one JSON object: applied (their names).",
+    )
+    migrate.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON Lines: one JSON object per line on stdout, nothing else",
+    )
     # Options after the verb, as the README shows: `leases list -n NS --target ADDR`.
     cli_remote.add_commands(commands)
     cli_admin.add_commands(commands)
@@ -256,7 +328,7 @@ def _database_command(settings: Settings, args: argparse.Namespace) -> int:
             return asyncio.run(supervise(settings))
         return run_service(_serve(settings))
     if args.command == "migrate":
-        return asyncio.run(_migrate(settings))
+        return asyncio.run(_migrate(settings, args.json))
     assert args.command in cli_admin.COMMANDS, args.command
     return asyncio.run(cli_admin.run(settings, args))
 

@@ -14,13 +14,20 @@ list of ``str``. Two renderings:
   ends with whitespace quoted (``"   "``), text without a visible character
   quoted with its invisible characters escaped (``"\u200b"``), so no id shows
   blank, broken or reordered, or as its neighbour.
-* JSON (``--json``): one object per line for lists; instants as ISO 8601
-  with their offset, durations as float seconds.
+* JSON (``--json``): JSON Lines, one object per line and nothing else on
+  standard output, for every command (a single result is one line);
+  instants as ISO 8601 with their offset, durations as float seconds.
 
 A task and a history entry are shown in text with a few values joined
 (:func:`task_shown`, :func:`history_shown`): attempts as ``2/5`` against their
 limit, the checkpoint as its version and size, an entry's kind-specific fields
 as ``name=value`` details. JSON keeps every field as the proto names it.
+
+A command that changed nothing (a revoke of a task without a live lease, a
+second cancel, limits set to the values they have, a token revoked again)
+prints its result as a change would, says so in one line on standard error
+(:func:`unchanged`) and exits ``EXIT_UNCHANGED``; the exit codes are listed
+in ``cli/main.py``.
 
 Only the thin client's dependencies are used, so the commands that call a
 server run without the server's extras.
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -41,6 +49,12 @@ from google.protobuf.message import Message
 from leasekeeper.ids import BIDI_CONTROLS, LINE_SEPARATORS, has_visible, is_invisible
 
 Record = dict[str, Any]
+
+# The command's exit codes (cli/main.py's docstring and `leasekeeper --help` say when).
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNCHANGED = 3
 
 # Bytes fields: digests print as hex, results as text (undecodable bytes escaped).
 _HEX_FIELDS = frozenset({"request_digest"})
@@ -100,9 +114,14 @@ def _json_default(value: object) -> object:
     raise TypeError(f"cannot print {type(value).__name__} as JSON")
 
 
-def to_json(record: Mapping[str, Any], indent: int | None = None) -> str:
-    """One record as JSON text (instants ISO 8601, durations float seconds)."""
-    return json.dumps(record, default=_json_default, indent=indent, ensure_ascii=False)
+def to_json(record: Mapping[str, Any]) -> str:
+    r"""One record as one line of JSON (instants ISO 8601, durations float seconds).
+
+    Never indented: ``--json`` prints JSON Lines. A newline inside a string
+    is escaped (``\n``); other characters are kept as they are
+    (``ensure_ascii`` off), U+2028 too: readers split lines at ``\n`` only.
+    """
+    return json.dumps(record, default=_json_default, ensure_ascii=False)
 
 
 def _escaped(ch: str, blank: bool = False) -> str:
@@ -299,3 +318,19 @@ def history_shown(entry: Mapping[str, Any]) -> Record:
         "attempt": entry.get("attempt") or None,
         "details": history_details(entry),
     }
+
+
+def quoted(text: str) -> str:
+    r"""Text in double quotes, as :func:`cell` escapes it (``"billing"``, ``"a\"b"``)."""
+    blank = not has_visible(text)
+    return '"' + "".join("\\" + ch if ch in '"\\' else _escaped(ch, blank) for ch in text) + '"'
+
+
+def unchanged(why: str) -> int:
+    """Says on standard error that the command changed nothing, and why; returns its exit code.
+
+    ``leasekeeper: nothing changed: WHY``; the result itself goes to
+    standard output as for a change (``--json``: its one object).
+    """
+    print(f"leasekeeper: nothing changed: {why}", file=sys.stderr)
+    return EXIT_UNCHANGED

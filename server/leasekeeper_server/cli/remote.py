@@ -2,22 +2,32 @@
 
 ::
 
-    leasekeeper leases list [-n NS] [--state STATE | --expired] [--owner OWNER] [--limit N]
-    leasekeeper leases get TASK_ID [-n NS]
-    leasekeeper effects list TASK_ID [-n NS] [--state STATE]
-    leasekeeper tasks history [NS] TASK_ID [--limit N] [--json]
-    leasekeeper revoke TASK_ID -n NS --reason TEXT [--fence N]
+    leasekeeper leases list [NS] [--state STATE | --expired] [--owner OWNER] [--limit N]
+    leasekeeper leases get [NS] TASK_ID
+    leasekeeper effects list [NS] TASK_ID [--state STATE]
+    leasekeeper tasks history [NS] TASK_ID [--limit N]
     leasekeeper tasks cancel [NS] TASK_ID --reason TEXT
     leasekeeper tasks retry [NS] TASK_ID --reason TEXT
-    leasekeeper watch [TASK_ID] -n NS [--count N] [--timeout S]
+    leasekeeper revoke [NS] TASK_ID --reason TEXT [--fence N]
+    leasekeeper watch [NS [TASK_ID]] [--count N] [--timeout S]
+    leasekeeper namespaces [--limit N]
 
-Each takes ``--target`` (default ``$LEASEKEEPER_TARGET``, else 127.0.0.1:9457),
+The namespace comes first, positionally, or with ``-n NS`` (``--namespace``);
+unnamed it is ``default``. With ``-n``, the names that follow are the rest:
+``revoke TASK_ID -n NS``, ``watch TASK_ID -n NS``. Each command takes
+``--target`` (default ``$LEASEKEEPER_TARGET``, else 127.0.0.1:9457),
 ``--token`` (default ``$LEASEKEEPER_TOKEN``; sent as ``authorization: Bearer
 <token>``), ``--tls-ca FILE`` for a TLS server (``--tls-cert``/``--tls-key``
-for mutual TLS) and ``--json``. A failed call prints one line, its gRPC status
-code and message, and exits 1 (``cancel`` of a completed task, ``retry`` of a
-task that is not quarantined: FAILED_PRECONDITION; a task never claimed:
-NOT_FOUND).
+for mutual TLS) and ``--json`` (JSON Lines: exactly one JSON object per line
+on standard output, nothing else; keys are the proto's field names).
+
+A failed call prints one line, its gRPC status code and message, and exits 1
+(``cancel`` of a completed task, ``retry`` of a task that is not quarantined:
+FAILED_PRECONDITION; a task never claimed: NOT_FOUND). A call that changed
+nothing exits 3 and says why on standard error: ``revoke`` of a task holding
+no lease to revoke (FREE, QUARANTINED, or another fence than ``--fence``),
+``tasks cancel`` of a task cancelled already. ``leases list`` of a namespace
+that holds no tasks says so on standard error, with the namespaces that do.
 
 Only the thin client's dependencies are needed (grpcio, protobuf).
 """
@@ -29,9 +39,10 @@ import asyncio
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 from google.protobuf.message import Message
@@ -45,6 +56,20 @@ from leasekeeper_server.cli import output as out
 from leasekeeper_server.rpc.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 
 CALL_TIMEOUT_S = 10.0
+DEFAULT_NAMESPACE = "default"
+
+# Each command's synopsis, as `leasekeeper --help` lists it (cli/main.py's epilog).
+SYNOPSIS = (
+    "leases list [NS] [--state STATE | --expired] [--owner OWNER] [--limit N]",
+    "leases get [NS] TASK_ID",
+    "effects list [NS] TASK_ID [--state STATE]",
+    "tasks history [NS] TASK_ID [--limit N]",
+    "tasks cancel [NS] TASK_ID --reason TEXT",
+    "tasks retry [NS] TASK_ID --reason TEXT",
+    "revoke [NS] TASK_ID --reason TEXT [--fence N]",
+    "watch [NS [TASK_ID]] [--count N] [--timeout S]",
+    "namespaces [--limit N]",
+)
 
 # Every TaskState but UNSPECIFIED, as --state takes them (HELD, QUARANTINED, ...).
 TASK_STATES = tuple(
@@ -81,6 +106,8 @@ TASK_FIELDS = (
     "fail_reason",
     "checkpoint",
 )
+# The checkpoint's fields in `leases get --json` (its data is left out: opaque bytes).
+CHECKPOINT_FIELDS = ("version", "size", "content_type", "fence", "write_time")
 HISTORY_COLUMNS = ("sequence", "event_time", "kind", "fence", "owner_id", "attempt", "details")
 EFFECT_COLUMNS = (
     "effect_key",
@@ -93,14 +120,30 @@ EFFECT_COLUMNS = (
     "complete_time",
     "result",
 )
+NAMESPACE_COLUMNS = ("namespace", "tasks")
+# How many namespaces the hint of an empty `leases list` names.
+HINT_NAMESPACES = 10
+
+# What a command's names are: [NS] only, [NS] TASK_ID, or [NS [TASK_ID]].
+Names = Literal["namespace", "task", "namespace_then_task"]
+_NAMES_USAGE: dict[Names, str] = {
+    "namespace": "[NAMESPACE]",
+    "task": "[NAMESPACE] TASK_ID",
+    "namespace_then_task": "[NAMESPACE [TASK_ID]]",
+}
+_NAMES_AFTER_OPTION: dict[Names, str] = {
+    "namespace": "no name",
+    "task": "TASK_ID",
+    "namespace_then_task": "[TASK_ID]",
+}
 
 
 class UsageError(Exception):
     """Options that do not fit together; the command exits 2."""
 
 
-def connection_options() -> argparse.ArgumentParser:
-    """The options every server-calling command shares (a parent parser)."""
+def server_options() -> argparse.ArgumentParser:
+    """The options every server-calling command shares (a parent parser): server and --json."""
     parser = argparse.ArgumentParser(add_help=False)
     group = parser.add_argument_group("server")
     group.add_argument(
@@ -119,12 +162,75 @@ def connection_options() -> argparse.ArgumentParser:
     )
     group.add_argument("--tls-key", type=Path, metavar="FILE", help="its private key (PEM)")
     parser.add_argument(
-        "-n", "--namespace", default="default", help="namespace (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--json", action="store_true", help="print JSON (one object per line for lists)"
+        "--json",
+        action="store_true",
+        help="print JSON Lines: one JSON object per line on stdout, nothing else",
     )
     return parser
+
+
+def namespace_option() -> argparse.ArgumentParser:
+    """``-n/--namespace`` (a parent parser): the namespace, when not given positionally."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        default=None,
+        metavar="NS",
+        help=f"the namespace, instead of the first name (default: {DEFAULT_NAMESPACE})",
+    )
+    return parser
+
+
+def _add_names(parser: argparse.ArgumentParser, names: Names, command: str, more: str) -> None:
+    """The command's positional names (``[NAMESPACE] TASK_ID`` ...), resolved by ``_resolve``."""
+    parser.usage = f"leasekeeper {command} {_NAMES_USAGE[names]}{more} [options]"
+    parser.set_defaults(names_kind=names, names_command=command)
+    what = {
+        "namespace": "[NAMESPACE]: the namespace (or give it with -n)",
+        "task": "[NAMESPACE] TASK_ID: the task, after its namespace (or give it with -n)",
+        "namespace_then_task": "[NAMESPACE [TASK_ID]]: the namespace (or give it with -n), "
+        "and one task of it (default: every task)",
+    }[names]
+    metavar = "NAMESPACE" if names == "namespace" else "NAME"
+    parser.add_argument("names", nargs="+" if names == "task" else "*", metavar=metavar, help=what)
+
+
+def _resolve(args: argparse.Namespace) -> None:
+    """Sets ``args.namespace`` and ``args.task_id`` from the positional names and ``-n``.
+
+    Without ``-n`` the first name is the namespace (``[NAMESPACE] TASK_ID``:
+    when there is only one name, it is the task); with ``-n`` the names are
+    what follows the namespace. The namespace defaults to ``default``.
+
+    Raises:
+        UsageError: too many names, or too few (exit 2).
+    """
+    kind: Names = args.names_kind
+    names: list[str] = list(args.names or [])
+    option = args.namespace
+    task_id: str | None = None
+    if option is not None:
+        most = 0 if kind == "namespace" else 1
+        fits = len(names) <= most and (kind != "task" or len(names) == 1)
+        namespace = option
+        task_id = names[0] if names and kind != "namespace" else None
+    elif kind == "task":
+        fits = 1 <= len(names) <= 2
+        namespace = names[0] if len(names) == 2 else DEFAULT_NAMESPACE
+        task_id = names[-1] if names else None
+    else:
+        fits = len(names) <= (1 if kind == "namespace" else 2)
+        namespace = names[0] if names else DEFAULT_NAMESPACE
+        task_id = names[1] if len(names) > 1 else None
+    if not fits:
+        given = f"-n and {len(names)} name(s)" if option is not None else f"{len(names)} names"
+        raise UsageError(
+            f"{args.names_command} takes {_NAMES_USAGE[kind]}, or -n NAMESPACE and "
+            f"{_NAMES_AFTER_OPTION[kind]}; got {given}"
+        )
+    args.namespace = namespace
+    args.task_id = task_id
 
 
 def _channel(args: argparse.Namespace) -> grpc.aio.Channel:
@@ -157,17 +263,19 @@ def _error_line(error: grpc.aio.AioRpcError) -> str:
 
 
 async def _paged(
-    page: Callable[[str, int], Awaitable[tuple[Sequence[Message], str]]], args: argparse.Namespace
+    page: Callable[[str, int], Awaitable[tuple[Sequence[Message], str]]],
+    limit: int | None,
+    page_size: int | None,
 ) -> AsyncIterator[out.Record]:
-    """The items of a paged listing as records, in order; at most ``args.limit`` (None: all).
+    """The items of a paged listing as records, in order; at most ``limit`` (None: all).
 
     Args:
         page: calls for one page: (page token, page size) -> (its items, the
             next page token, empty on the last page).
-        args: ``limit`` and ``page_size`` (None: the server's default).
+        limit: the most items to yield; None for all.
+        page_size: items asked per call; None for the server's default.
     """
-    limit = args.limit
-    page_size = args.page_size or DEFAULT_PAGE_SIZE
+    page_size = page_size or DEFAULT_PAGE_SIZE
     if limit is not None:
         page_size = min(page_size, limit)
     shown = 0
@@ -200,30 +308,94 @@ def _list_leases(
         response = await stub.ListLeases(request, **_call_options(args))
         return response.leases, response.next_page_token
 
-    return _paged(page, args)
+    return _paged(page, args.limit, args.page_size)
+
+
+def _list_namespaces(
+    stub: pb_grpc.LeaseServiceStub,
+    args: argparse.Namespace,
+    limit: int | None,
+    page_size: int | None = None,
+) -> AsyncIterator[out.Record]:
+    """The namespaces that hold tasks (those the token covers), page by page; at most ``limit``."""
+
+    async def page(token: str, size: int) -> tuple[Sequence[Message], str]:
+        request = pb.ListNamespacesRequest(page_size=size, page_token=token)
+        response = await stub.ListNamespaces(request, **_call_options(args))
+        return response.namespaces, response.next_page_token
+
+    return _paged(page, limit, page_size)
+
+
+def _task_count(summary: out.Record) -> str:
+    """A namespace's task count as shown: ``3``, or ``>1000`` when the server stopped counting."""
+    count = summary.get("task_count") or 0
+    return f">{count}" if summary.get("task_count_capped") else str(count)
 
 
 async def _leases(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
     if args.leases_command == "get":
-        request = pb.GetLeaseRequest(namespace=args.namespace, task_id=args.task_id)
-        response = await stub.GetLease(request, **_call_options(args))
-        lease = out.record_of(response.lease)
-        if args.json:
-            print(out.to_json(lease, indent=2))
-            return 0
-        checkpoint: out.Record | None = None
-        if response.HasField("checkpoint"):
-            size = len(response.checkpoint.data)
-            checkpoint = {**out.record_of(response.checkpoint), "size": size}
-        print(out.details(out.task_shown(lease, checkpoint), TASK_FIELDS))
-        return 0
+        return await _get(stub, args)
+    shown = 0
     if args.json:
         async for lease in _list_leases(stub, args):
             print(out.to_json(lease), flush=True)
+            shown += 1
     else:
         leases = [out.task_shown(lease, table=True) async for lease in _list_leases(stub, args)]
         print(out.table(leases, LEASE_COLUMNS))
-    return 0
+        shown = len(leases)
+    if not shown and args.state is None and args.owner is None:
+        print(await _empty_namespace_hint(stub, args), file=sys.stderr)
+    return out.EXIT_OK
+
+
+async def _empty_namespace_hint(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> str:
+    """``leasekeeper: namespace "NS" holds no tasks; namespaces with tasks: a (3), b (1)``.
+
+    The namespaces are the first few by name (with a token, of those it
+    covers); the hint ends after the first clause when the server cannot
+    list them.
+    """
+    hint = f"leasekeeper: namespace {out.quoted(args.namespace)} holds no tasks"
+    try:
+        found = [s async for s in _list_namespaces(stub, args, HINT_NAMESPACES + 1)]
+    except grpc.aio.AioRpcError:  # a server without ListNamespaces, or a token that may not
+        return hint
+    named = [f"{out.detail(s['namespace'])} ({_task_count(s)})" for s in found[:HINT_NAMESPACES]]
+    if len(found) > HINT_NAMESPACES:
+        named.append("... (leasekeeper namespaces lists them all)")
+    # With a token, the server lists only the namespaces it covers.
+    which = "namespaces with tasks that the token covers" if args.token else "namespaces with tasks"
+    return f"{hint}; {which}: {', '.join(named) or 'none'}"
+
+
+async def _get(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
+    """``leases get``: the task's details and its checkpoint (without its data)."""
+    request = pb.GetLeaseRequest(namespace=args.namespace, task_id=args.task_id)
+    response = await stub.GetLease(request, **_call_options(args))
+    lease = out.record_of(response.lease)
+    checkpoint: out.Record | None = None
+    if response.HasField("checkpoint"):
+        saved = {**out.record_of(response.checkpoint), "size": len(response.checkpoint.data)}
+        checkpoint = {name: saved[name] for name in CHECKPOINT_FIELDS}
+    if args.json:
+        print(out.to_json({**lease, "checkpoint": checkpoint}))
+    else:
+        print(out.details(out.task_shown(lease, checkpoint), TASK_FIELDS))
+    return out.EXIT_OK
+
+
+async def _namespaces(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
+    """``namespaces``: the namespaces that hold tasks, with their task counts."""
+    listing = _list_namespaces(stub, args, args.limit, args.page_size)
+    if args.json:
+        async for summary in listing:
+            print(out.to_json(summary), flush=True)
+        return out.EXIT_OK
+    rows = [{**s, "tasks": _task_count(s)} async for s in listing]
+    print(out.table(rows, NAMESPACE_COLUMNS))
+    return out.EXIT_OK
 
 
 async def _effects(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
@@ -246,54 +418,64 @@ async def _effects(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> 
             break
     if not args.json:
         print(out.table(records, EFFECT_COLUMNS))
-    return 0
+    return out.EXIT_OK
 
 
 async def _revoke(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
+    """``revoke``; exits 3 when the task held no lease to revoke (nothing changed)."""
     request = pb.RevokeRequest(
         namespace=args.namespace, task_id=args.task_id, reason=args.reason, fence=args.fence
     )
     response = await stub.Revoke(request, **_call_options(args))
     answer = out.record_of(response)
+    lease = answer["lease"] or {}
     if args.json:
         print(out.to_json(answer))
-        return 0
-    lease = answer["lease"] or {}
-    if response.revoked:
-        print(f"revoked: {args.task_id} fence {lease.get('fence')}")
     else:
-        fence = f" fence {args.fence}" if args.fence else ""
-        print(
-            f"not revoked: {args.task_id}{fence} holds no lease to revoke "
-            f"(state {lease.get('state')}, current fence {lease.get('fence')})"
-        )
-    print(out.details(out.task_shown(lease), TASK_FIELDS))
-    return 0
+        if response.revoked:
+            print(f"revoked: {out.cell(args.task_id)} fence {lease.get('fence')}")
+        print(out.details(out.task_shown(lease), TASK_FIELDS))
+    if response.revoked:
+        return out.EXIT_OK
+    fence = f" fence {args.fence}" if args.fence else ""
+    return out.unchanged(
+        f"{out.cell(args.task_id)}{fence} holds no lease to revoke "
+        f"(state {lease.get('state')}, current fence {lease.get('fence')})"
+    )
 
 
 async def _cancel(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
+    """``tasks cancel``; exits 3 when the task was cancelled already (nothing changed)."""
     request = pb.CancelRequest(namespace=args.namespace, task_id=args.task_id, reason=args.reason)
     response = await stub.Cancel(request, **_call_options(args))
-    return _print_task("cancelled", response, args)
+    _print_task("cancelled" if response.cancelled else None, response, args)
+    if response.cancelled:
+        return out.EXIT_OK
+    reason = out.detail(response.lease.cancel_reason)
+    return out.unchanged(
+        f"{out.cell(args.task_id)} was cancelled already (its reason stays: {reason})"
+    )
 
 
 async def _retry(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
+    """``tasks retry``; a task that is not quarantined is refused (FAILED_PRECONDITION, exit 1)."""
     request = pb.RetryRequest(namespace=args.namespace, task_id=args.task_id, reason=args.reason)
     response = await stub.Retry(request, **_call_options(args))
-    return _print_task("retried", response, args)
+    _print_task("retried", response, args)
+    return out.EXIT_OK
 
 
 def _print_task(
-    done: str, response: pb.CancelResponse | pb.RetryResponse, args: argparse.Namespace
-) -> int:
-    """``DONE: TASK_ID`` and the task after the call; --json: the answer as one object."""
+    done: str | None, response: pb.CancelResponse | pb.RetryResponse, args: argparse.Namespace
+) -> None:
+    """``DONE: TASK_ID`` (when it changed) and the task; --json: the answer as one object."""
     answer = out.record_of(response)
     if args.json:
         print(out.to_json(answer))
-        return 0
-    print(f"{done}: {out.cell(args.task_id)}")
+        return
+    if done is not None:
+        print(f"{done}: {out.cell(args.task_id)}")
     print(out.details(out.task_shown(answer["lease"] or {}), TASK_FIELDS))
-    return 0
 
 
 def _history_entries(
@@ -308,7 +490,7 @@ def _history_entries(
         response = await stub.ListTaskHistory(request, **_call_options(args))
         return response.entries, response.next_page_token
 
-    return _paged(page, args)
+    return _paged(page, args.limit, args.page_size)
 
 
 async def _history(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
@@ -321,19 +503,30 @@ async def _history(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> 
             print(out.to_json(entry), flush=True)
     else:
         print(out.table([out.history_shown(entry) for entry in entries], HISTORY_COLUMNS))
-    return 0
+    return out.EXIT_OK
 
 
 # The longest TaskEventType name without its prefix (QUARANTINED): watch lines stay aligned.
 _EVENT_TYPE_WIDTH = max(
     len(name.removeprefix("TASK_EVENT_TYPE_")) for name in pb.TaskEventType.keys()
 )
+# The reason an event carries, by its type: the operator's (REVOKED, CANCELLED) or
+# the owner's (FAILED). Other events carry none of their own: a lease's
+# revoke_reason outlives its revoke (a RETRIED task still holds it).
+_EVENT_REASON = {
+    "REVOKED": "revoke_reason",
+    "CANCELLED": "cancel_reason",
+    "FAILED": "fail_reason",
+}
+# A SNAPSHOT shows the reason of the state it finds, when the state has one.
+_STATE_REASON = {"CANCELLED": "cancel_reason", "FAILED": "fail_reason"}
 
 
 def _watch_line(event: out.Record) -> str:
     """``TIME  TYPE  TASK_ID  fence=N  owner=O  state=S [reason=R]``, time and type aligned.
 
-    The reason is the operator's (revoke, cancel) or the owner's (a failed run).
+    The reason is the event's own (``_EVENT_REASON``; a SNAPSHOT's, its
+    state's), never one left on the lease by an earlier event.
     """
     lease = event.get("lease") or {}
     parts = [
@@ -344,7 +537,10 @@ def _watch_line(event: out.Record) -> str:
         f"owner={out.cell(lease.get('owner_id'))}",
         f"state={out.cell(lease.get('state'))}",
     ]
-    reason = lease.get("cancel_reason") or lease.get("fail_reason") or lease.get("revoke_reason")
+    field = _EVENT_REASON.get(str(event.get("type")))
+    if event.get("type") == "SNAPSHOT":
+        field = _STATE_REASON.get(str(lease.get("state")))
+    reason = lease.get(field) if field else None
     if reason:
         parts.append(f"reason={out.detail(reason)}")
     return "  ".join(parts)
@@ -384,43 +580,22 @@ async def _watch(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> in
         call.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-    return 0
+    return out.EXIT_OK
 
 
-async def _tasks(stub: Any, args: argparse.Namespace) -> int:
+async def _tasks(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
     """``tasks history|cancel|retry [NAMESPACE] TASK_ID``."""
-    names = args.names
-    if len(names) > 2:
-        print(
-            f"leasekeeper: tasks {args.tasks_command} takes [NAMESPACE] TASK_ID, "
-            f"got {len(names)} names",
-            file=sys.stderr,
-        )
-        return 2
-    if len(names) == 2:
-        args.namespace = names[0]
-    args.task_id = names[-1]
     run = {"history": _history, "cancel": _cancel, "retry": _retry}[args.tasks_command]
     return await run(stub, args)
 
 
-def _task_names(parser: argparse.ArgumentParser) -> None:
-    """``[NAMESPACE] TASK_ID``: the namespace positionally, or with -n (default 'default')."""
-    parser.usage = f"leasekeeper tasks {parser.prog.split()[-1]} [NAMESPACE] TASK_ID [options]"
-    parser.add_argument(
-        "names",
-        nargs="+",
-        metavar="NAME",
-        help="[NAMESPACE] TASK_ID: the task, after its namespace (or give it with -n)",
-    )
-
-
-_COMMANDS = {
+_COMMANDS: dict[str, Callable[[pb_grpc.LeaseServiceStub, argparse.Namespace], Awaitable[int]]] = {
     "leases": _leases,
     "effects": _effects,
     "tasks": _tasks,
     "revoke": _revoke,
     "watch": _watch,
+    "namespaces": _namespaces,
 }
 COMMANDS = frozenset(_COMMANDS)
 """The commands this module runs."""
@@ -431,13 +606,17 @@ async def run(args: argparse.Namespace) -> int:
 
     Returns:
         0 on success; 1 when the call failed (one line on stderr: the gRPC
-        status code and message); 2 for options that do not fit together.
+        status code and message); 2 for names or options that do not fit
+        together; 3 when the call changed nothing (one line on stderr says
+        why).
     """
     try:
+        if hasattr(args, "names_kind"):
+            _resolve(args)
         channel = _channel(args)
     except UsageError as exc:
         print(f"leasekeeper: {exc}", file=sys.stderr)
-        return 2
+        return out.EXIT_USAGE
     async with channel:
         # The generated gRPC stub (scripts/gen_protos.py) has an unannotated constructor;
         # `mypy server` alone does not flag the call (`make lint` checks server and client).
@@ -446,7 +625,7 @@ async def run(args: argparse.Namespace) -> int:
             return await _COMMANDS[args.command](stub, args)
         except grpc.aio.AioRpcError as error:
             print(_error_line(error), file=sys.stderr)
-            return 1
+            return out.EXIT_FAILED
 
 
 def positive_int(text: str) -> int:
@@ -471,19 +650,57 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def _page_options(parser: argparse.ArgumentParser, things: str, rpc: str) -> None:
+    """``--limit N`` and ``--page-size N`` of a paged listing."""
+    parser.add_argument("--limit", type=positive_int, metavar="N", help=f"print at most N {things}")
+    parser.add_argument(
+        "--page-size",
+        type=positive_int,
+        metavar="N",
+        help=f"{things} per {rpc} call (default {DEFAULT_PAGE_SIZE}; the server allows at "
+        f"most {MAX_PAGE_SIZE})",
+    )
+
+
+# Where a revoke, cancel or retry is suggested, it is shown with its --reason.
+_OPERATOR_COMMANDS = """\
+operator commands (admin):
+  leasekeeper revoke [NS] TASK_ID --reason TEXT        end a task's lease at once
+  leasekeeper tasks cancel [NS] TASK_ID --reason TEXT  end a task for good
+  leasekeeper tasks retry [NS] TASK_ID --reason TEXT   put a quarantined task back"""
+
+
+def _wrapped(text: str) -> str:
+    """A description wrapped as argparse wraps one, for a parser whose epilog keeps its lines."""
+    return textwrap.fill(text, 79)
+
+
 def add_commands(commands: Any) -> None:
     """Adds the server-calling commands (module docstring) to the ``leasekeeper`` parser."""
-    conn = connection_options()
+    conn = server_options()
+    ns = namespace_option()
     table_note = "Prints an aligned table; --json prints one JSON object per line."
 
-    leases = commands.add_parser("leases", help="inspect leases on a running server")
+    leases = commands.add_parser(
+        "leases",
+        help="inspect a namespace's tasks: leases list [NS], leases get [NS] TASK_ID",
+        description="Inspect a namespace's tasks and their leases.",
+        epilog=_OPERATOR_COMMANDS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = leases.add_subparsers(dest="leases_command", required=True)
     listing = sub.add_parser(
         "list",
         help="list a namespace's tasks",
-        parents=[conn],
-        description="List a namespace's tasks, ordered by task_id. " + table_note,
+        parents=[conn, ns],
+        description=_wrapped(
+            "List a namespace's tasks, ordered by task_id. " + table_note + " A namespace "
+            "that holds no tasks is said on stderr, with the namespaces that do (exit 0)."
+        ),
+        epilog=_OPERATOR_COMMANDS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_names(listing, "namespace", "leases list", "")
     which = listing.add_mutually_exclusive_group()
     which.add_argument("--state", choices=TASK_STATES, help="only tasks in this state")
     which.add_argument(
@@ -497,90 +714,90 @@ def add_commands(commands: Any) -> None:
         "--owner",
         help="only tasks whose current (or last) lease is this owner_id's",
     )
-    listing.add_argument("--limit", type=positive_int, metavar="N", help="print at most N tasks")
-    listing.add_argument(
-        "--page-size",
-        type=positive_int,
-        metavar="N",
-        help=f"tasks per ListLeases call (default {DEFAULT_PAGE_SIZE}; the server allows at "
-        f"most {MAX_PAGE_SIZE})",
-    )
+    _page_options(listing, "tasks", "ListLeases")
     get = sub.add_parser(
         "get",
         help="show one task",
-        parents=[conn],
-        description="Show one task's lease; --json prints it as one JSON object.",
+        parents=[conn, ns],
+        description=_wrapped(
+            "Show one task's lease and its checkpoint (version, size, content type, the "
+            "fence that wrote it, when). --json prints one JSON object: the lease's fields "
+            "and 'checkpoint' (null, or its version, size, content_type, fence and "
+            "write_time; its data is not printed)."
+        ),
+        epilog=_OPERATOR_COMMANDS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    get.add_argument("task_id")
+    _add_names(get, "task", "leases get", "")
 
-    effects = commands.add_parser("effects", help="inspect a task's effects (effect ledger)")
+    effects = commands.add_parser(
+        "effects", help="inspect a task's effects (effect ledger): effects list [NS] TASK_ID"
+    )
     effects_sub = effects.add_subparsers(dest="effects_command", required=True)
     effects_list = effects_sub.add_parser(
         "list",
         help="list a task's effects, by effect_key",
-        parents=[conn],
+        parents=[conn, ns],
         description="List a task's effects, by effect_key. " + table_note,
     )
-    effects_list.add_argument("task_id")
+    _add_names(effects_list, "task", "effects list", "")
     effects_list.add_argument("--state", choices=EFFECT_STATES)
 
     tasks = commands.add_parser(
-        "tasks", help="a task's run: its history; cancel it, retry it when quarantined"
+        "tasks",
+        help="a task's run: tasks history [NS] TASK_ID; tasks cancel|retry [NS] TASK_ID "
+        "--reason TEXT (admin)",
+        description="A task's run: its history; cancel it, or retry it when quarantined.",
     )
     tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True)
     history = tasks_sub.add_parser(
         "history",
         help="print a task's history, oldest first",
-        parents=[conn],
+        parents=[conn, ns],
         description="Print a task's history, oldest first: grants, releases, expiries, "
         "revokes, quarantines, retries, cancellations, completions, failures, checkpoint "
         "writes, effects and refused fences. A table (sequence, time, kind, fence, owner, "
         "attempt, and the kind's details); --json prints one JSON object per line.",
     )
-    _task_names(history)
-    history.add_argument(
-        "--limit", type=positive_int, metavar="N", help="print at most N entries (the oldest)"
-    )
-    history.add_argument(
-        "--page-size",
-        type=positive_int,
-        metavar="N",
-        help=f"entries per ListTaskHistory call (default {DEFAULT_PAGE_SIZE}; the server "
-        f"allows at most {MAX_PAGE_SIZE})",
-    )
+    _add_names(history, "task", "tasks history", "")
+    _page_options(history, "entries", "ListTaskHistory")
 
     cancel = tasks_sub.add_parser(
         "cancel",
-        help="end a task for good (admin)",
-        parents=[conn],
+        help="end a task for good (admin): tasks cancel [NS] TASK_ID --reason TEXT",
+        parents=[conn, ns],
         description="Cancel a task: it becomes CANCELLED, terminal; its holder's heartbeat "
         "ends ABORTED TASK_CANCELLED, every fence of it is refused and no claim is granted "
-        "again. Its checkpoint is kept. Cancelling a cancelled task changes nothing. Prints "
-        "the task.",
+        "again. Its checkpoint is kept. Prints the task; --json prints one JSON object "
+        "(cancelled, lease). Cancelling a cancelled task changes nothing (its first reason "
+        "stays): it says so and exits 3.",
     )
-    _task_names(cancel)
+    _add_names(cancel, "task", "tasks cancel", " --reason TEXT")
     cancel.add_argument("--reason", required=True, help="why (recorded in the task's history)")
 
     retry = tasks_sub.add_parser(
         "retry",
-        help="put a quarantined task back (admin)",
-        parents=[conn],
+        help="put a quarantined task back (admin): tasks retry [NS] TASK_ID --reason TEXT",
+        parents=[conn, ns],
         description="Retry a QUARANTINED task (its attempts used up): it becomes FREE with "
         "attempts 0 and the next claim gets a new fence; its checkpoint is kept. A task that "
-        "is not quarantined is refused (FAILED_PRECONDITION, exit 1). Prints the task.",
+        "is not quarantined is refused (FAILED_PRECONDITION, exit 1). Prints the task; "
+        "--json prints one JSON object (lease).",
     )
-    _task_names(retry)
+    _add_names(retry, "task", "tasks retry", " --reason TEXT")
     retry.add_argument("--reason", required=True, help="why (recorded in the task's history)")
 
     revoke = commands.add_parser(
         "revoke",
-        help="end a task's lease at once (admin)",
-        parents=[conn],
+        help="end a task's lease at once (admin): revoke [NS] TASK_ID --reason TEXT",
+        parents=[conn, ns],
         description="Revoke a task's lease: its fence stops validating, its heartbeat ends "
         "ABORTED LEASE_REVOKED, and the next claim gets a new fence. Prints whether a lease "
-        "was revoked, and the task.",
+        "was revoked, and the task; --json prints one JSON object (revoked, lease). A task "
+        "holding no lease to revoke (FREE, QUARANTINED, or another fence than --fence) is "
+        "left alone: it says so and exits 3.",
     )
-    revoke.add_argument("task_id")
+    _add_names(revoke, "task", "revoke", " --reason TEXT")
     revoke.add_argument("--reason", required=True, help="why (recorded and shown to watchers)")
     revoke.add_argument(
         "--fence",
@@ -592,12 +809,24 @@ def add_commands(commands: Any) -> None:
 
     watch = commands.add_parser(
         "watch",
-        help="print a task's (or a namespace's) events as they happen",
-        parents=[conn],
-        description="Print one line per event (time, type, task, fence, owner, state) until "
-        "Ctrl-C, --count or --timeout (all exit 0). With a TASK_ID the first event is a "
-        "SNAPSHOT of the task.",
+        help="print a namespace's (or a task's) events as they happen: watch [NS [TASK_ID]]",
+        parents=[conn, ns],
+        description="Print one line per event (time, type, task, fence, owner, state, and "
+        "the event's own reason: a revoke's, a cancel's, a failure's) until Ctrl-C, --count "
+        "or --timeout (all exit 0); --json prints one JSON object per event. With a TASK_ID "
+        "the first event is a SNAPSHOT of the task. With -n NS, a single name is the task.",
     )
-    watch.add_argument("task_id", nargs="?", help="one task (default: the whole namespace)")
+    _add_names(watch, "namespace_then_task", "watch", "")
     watch.add_argument("--count", type=positive_int, metavar="N", help="stop after N events")
     watch.add_argument("--timeout", type=positive_seconds, metavar="S", help="stop after S seconds")
+
+    namespaces = commands.add_parser(
+        "namespaces",
+        help="list the namespaces that hold tasks, with their task counts (admin)",
+        parents=[conn],
+        description="List the namespaces that hold tasks, by name, with how many tasks each "
+        "holds (every state; counted up to 1000: more shows as >1000). With tokens, only "
+        "the namespaces the token covers. " + table_note + " JSON objects: namespace, "
+        "task_count, task_count_capped.",
+    )
+    _page_options(namespaces, "namespaces", "ListNamespaces")

@@ -56,6 +56,11 @@ ZERO = timedelta(0)
 # namespace's size. A page of a rare filter may be short and not the last.
 LIST_SCAN_BUDGET = 1000
 
+# ListNamespaces counts a namespace's tasks up to this many (the `$3` of
+# statement list_namespaces reads one more, to know there are more): a page's
+# cost never follows a namespace's size.
+NAMESPACE_COUNT_LIMIT = 1000
+
 
 class TaskState(enum.StrEnum):
     """A task's state, as judged on the database clock."""
@@ -320,6 +325,22 @@ class HistoryEntry:
 def history_from_row(row: Mapping[str, Any]) -> HistoryEntry:
     """A row of ``leasekeeper_task_history`` as a HistoryEntry."""
     return HistoryEntry(**{name: row[name] for name in HistoryEntry.__dataclass_fields__})
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceCount:
+    """A namespace that holds tasks, with its count of tasks (ListNamespaces).
+
+    Attributes:
+        namespace: the namespace.
+        tasks: how many tasks it holds, every state, counted up to
+            ``NAMESPACE_COUNT_LIMIT``.
+        capped: True when it holds more than ``tasks`` (the count stopped).
+    """
+
+    namespace: str
+    tasks: int
+    capped: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,8 @@ expired    namespace, task_id, owner_id, fence, expire_time (once per expiry,
            whoever announced it: the sweeper or the change that ended it)
 revoke     namespace, task_id, fence, revoked, reason (the operator's),
            principal
-cancel     namespace, task_id, fence (the task's last), reason (the
+cancel     namespace, task_id, fence (the task's last), cancelled (false:
+           it was cancelled already, nothing changed), reason (the
            operator's), principal
 retry      namespace, task_id, fence (the task's last), reason (the
            operator's), principal
@@ -216,17 +217,23 @@ class Audit:
         namespace: str,
         task_id: str,
         fence: int,
+        cancelled: bool,
         reason: str,
         principal: str | None = None,
     ) -> None:
-        """Records a Cancel call answered OK: the task is CANCELLED (``fence``: its last)."""
+        """Records a Cancel call answered OK: the task is CANCELLED (``fence``: its last).
+
+        ``cancelled`` False: it was cancelled already, and this call changed
+        nothing (the task keeps the first cancel's reason).
+        """
         self._write(
             "cancel",
-            f"cancel {namespace}/{task_id} fence={fence}",
+            f"cancel {namespace}/{task_id} fence={fence} cancelled={cancelled}",
             {
                 "namespace": namespace,
                 "task_id": task_id,
                 "fence": fence,
+                "cancelled": cancelled,
                 "reason": reason,
                 "principal": principal,
             },

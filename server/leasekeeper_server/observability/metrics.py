@@ -151,6 +151,7 @@ LEASE_METHODS = (
     "Heartbeat",
     "GetLease",
     "ListLeases",
+    "ListNamespaces",
     "BeginEffect",
     "CompleteEffect",
     "ListEffects",

@@ -518,7 +518,9 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if o.code is _OK and self._audit.enabled:
             r = o.request
             lease = o.response.lease
-            self._audit.cancel(r.namespace, r.task_id, lease.fence, r.reason, o.principal)
+            self._audit.cancel(
+                r.namespace, r.task_id, lease.fence, o.response.cancelled, r.reason, o.principal
+            )
 
     def _retried(self, o: _Outcome) -> None:
         if o.code is _OK and self._audit.enabled:

@@ -14,6 +14,7 @@ from leasekeeper_server.core.model import (
     HistoryEntry,
     Lease,
     LossReason,
+    NamespaceCount,
     TaskState,
 )
 
@@ -122,6 +123,15 @@ def history_entry(entry: HistoryEntry) -> pb.HistoryEntry:
         external_operation_id=entry.external_operation_id,
         reason=entry.reason,
         method=entry.method,
+    )
+
+
+def namespace_summary(counted: NamespaceCount) -> pb.NamespaceSummary:
+    """The NamespaceSummary message of a namespace and its counted tasks."""
+    return pb.NamespaceSummary(
+        namespace=counted.namespace,
+        task_count=counted.tasks,
+        task_count_capped=counted.capped,
     )
 
 

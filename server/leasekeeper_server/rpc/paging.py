@@ -1,14 +1,15 @@
-"""Page tokens of ListLeases and ListEffects: keyset positions, signed and bound to their listing.
+"""Page tokens of the listings: keyset positions, signed and bound to their listing.
 
-A token says where the next page starts (the task_id, or effect_key, of the
-last row read) and can only be used to go on with the listing that issued it:
+A token says where the next page starts (the task_id, effect_key, history
+sequence or namespace of the last row read) and can only be used to go on
+with the listing that issued it:
 
     token = base64url(VERSION || mac || position)
     mac   = HMAC-SHA256(key, JSON [*listing, position])[:16]
 
 ``listing`` is what the caller chose besides the page size: the RPC, the
 namespace and every filter (ListLeases: state, owner_id; ListEffects:
-task_id, state). The position is not secret (it is a row the caller was
+task_id, state; ListNamespaces: none). The position is not secret (it is a row the caller was
 shown); what the MAC adds is that a token changed by a byte, made up (the
 old format was base64 of the task_id), or sent with another namespace or
 filters is refused with INVALID_ARGUMENT naming ``page_token``, instead of
@@ -33,7 +34,7 @@ from typing import TypeVar
 
 from leasekeeper_server.core.errors import InvalidArgument
 
-# ListLeases/ListEffects page sizes: the default for page_size 0, and the largest.
+# The listings' page sizes: the default for page_size 0, and the largest.
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 

@@ -217,6 +217,26 @@ class LeaseServicer:
         return pb.ListLeasesResponse(leases=[convert.lease(t) for t in page], next_page_token=token)
 
     @unary
+    async def ListNamespaces(
+        self, request: pb.ListNamespacesRequest, context: Any
+    ) -> pb.ListNamespacesResponse:
+        """One page of the namespaces that hold tasks, by name; only those the token covers.
+
+        The page is cut from the namespaces read, then those the caller's token
+        does not cover are left out: a page may be short, even empty, and not
+        the last.
+        """
+        size = validate.page_size(request.page_size)
+        listing = ("ListNamespaces",)
+        after = self._page_tokens.position(listing, request.page_token)
+        read = await self._store.list_namespaces(after, size + 1)
+        page, token = self._page_tokens.page(listing, read, size, lambda n: n.namespace)
+        return pb.ListNamespacesResponse(
+            namespaces=[convert.namespace_summary(n) for n in page if auth.covers(n.namespace)],
+            next_page_token=token,
+        )
+
+    @unary
     async def BeginEffect(
         self, request: pb.BeginEffectRequest, context: Any
     ) -> pb.BeginEffectResponse:
@@ -293,7 +313,8 @@ class LeaseServicer:
         """Cancels a task for good (an operator's call; see the proto)."""
         key = validate.task_key(request, self._settings)
         reason = validate.revoke_reason(request.reason)
-        return pb.CancelResponse(lease=convert.lease(await self._store.cancel(key, reason)))
+        cancelled, lease = await self._store.cancel(key, reason)
+        return pb.CancelResponse(lease=convert.lease(lease), cancelled=cancelled)
 
     @unary
     async def Retry(self, request: pb.RetryRequest, context: Any) -> pb.RetryResponse:
@@ -347,6 +368,9 @@ def method_handlers(servicer: LeaseServicer) -> grpc.GenericRpcHandler:
         ),
         "GetLease": unary_handler("GetLease", pb.GetLeaseRequest, pb.GetLeaseResponse),
         "ListLeases": unary_handler("ListLeases", pb.ListLeasesRequest, pb.ListLeasesResponse),
+        "ListNamespaces": unary_handler(
+            "ListNamespaces", pb.ListNamespacesRequest, pb.ListNamespacesResponse
+        ),
         "BeginEffect": unary_handler("BeginEffect", pb.BeginEffectRequest, pb.BeginEffectResponse),
         "CompleteEffect": unary_handler(
             "CompleteEffect", pb.CompleteEffectRequest, pb.CompleteEffectResponse

@@ -23,11 +23,12 @@ from leasekeeper_server.security.caller import (
 )
 from leasekeeper_server.security.interceptor import AuthInterceptor
 from leasekeeper_server.security.mode import auth_enabled, log_startup
-from leasekeeper_server.security.roles import ROLE_METHODS, Principal
+from leasekeeper_server.security.roles import ROLE_METHODS, UNSCOPED_METHODS, Principal
 from leasekeeper_server.security.token_file import TokenFile
 
 __all__ = [
     "ROLE_METHODS",
+    "UNSCOPED_METHODS",
     "AuthInterceptor",
     "Authenticator",
     "Principal",

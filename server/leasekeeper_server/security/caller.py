@@ -102,6 +102,16 @@ def authorize_namespace(namespace: str) -> None:
         raise PermissionDenied(f"token {principal.name!r} does not cover namespace {namespace!r}")
 
 
+def covers(namespace: str) -> bool:
+    """Whether the current caller's token covers ``namespace``; True when auth is off.
+
+    For a call that names no namespace (ListNamespaces): its answer leaves out
+    what the token does not cover.
+    """
+    principal = _PRINCIPAL.get()
+    return principal is None or principal.covers(namespace)
+
+
 def authorize_method(method: str, part: str) -> None:
     """Checks the current caller's role may call ``method``; allows all when auth is off.
 

@@ -13,7 +13,10 @@ interceptor decides before any handler runs and before anything is read:
    -> PERMISSION_DENIED. Unary requests (and Watch's) are checked here; the
    Heartbeat stream names its namespace in its first message, so its handler
    calls :func:`leasekeeper_server.security.caller.authorize_namespace` right
-   after validating that message.
+   after validating that message. A method whose request names no namespace
+   (``UNSCOPED_METHODS``: ListNamespaces) is not refused here: its handler
+   leaves out of the answer what the token does not cover
+   (:func:`leasekeeper_server.security.caller.covers`).
 
 Logs name the token's name or public id, never the token.
 """
@@ -32,7 +35,7 @@ from leasekeeper_server.rpc.service import SERVICE_NAME
 from leasekeeper_server.security.access_log import log
 from leasekeeper_server.security.authenticator import Authenticator
 from leasekeeper_server.security.caller import bind
-from leasekeeper_server.security.roles import Principal
+from leasekeeper_server.security.roles import UNSCOPED_METHODS, Principal
 
 
 def bearer_token(metadata: Any) -> str | None:
@@ -82,7 +85,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         # handler (and what it spawns) sees this principal.
         bind(principal, self._auth, token or "")
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming:
+        if handler is None or handler.request_streaming or method in UNSCOPED_METHODS:
             return handler
         return _checking_namespace(handler, principal, method)
 

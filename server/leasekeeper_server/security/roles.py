@@ -3,6 +3,7 @@
 ``admin`` may call every RPC; ``worker`` and ``effect`` may call the methods
 listed in ``ROLE_METHODS`` (the proto's "Access:" table). A principal covers
 the namespaces its patterns match: exact, ``*``, or a prefix ending in ``*``.
+ListLeases and ListNamespaces, the operators' listings, are admin's alone.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
         }
     ),
 }
+
+# Methods whose request names no namespace: the interceptor checks their role
+# only, and the handler answers only about the namespaces the caller's token
+# covers (ListNamespaces leaves out the others).
+UNSCOPED_METHODS: frozenset[str] = frozenset({"ListNamespaces"})
 
 Source = Literal["file", "database"]
 

@@ -25,6 +25,7 @@ It takes the same decisions as the PostgreSQL statements of
   fence counts an attempt and quarantines when it was the last; cancel ends
   the task; retry puts a quarantined task back with its attempts at 0;
 * list_leases: state and owner filters, keyset paging, the same scan budget;
+  list_namespaces: keyset paging, task counts up to the same limit;
 * the effect ledger: ``core/effect_rules.py``'s pure rules (reused, not
   rewritten), behind ``core/model.fence_loss``; an outcome and a checkpoint
   saved together are both kept or neither;
@@ -83,6 +84,7 @@ from leasekeeper_server.core.errors import (
 from leasekeeper_server.core.limits import NO_LIMITS, NamespaceLimits
 from leasekeeper_server.core.model import (
     LIST_SCAN_BUDGET,
+    NAMESPACE_COUNT_LIMIT,
     Checkpoint,
     CheckpointWrite,
     ClaimOutcome,
@@ -90,6 +92,7 @@ from leasekeeper_server.core.model import (
     Lease,
     LeaseRef,
     LossReason,
+    NamespaceCount,
     TaskKey,
     TaskState,
     owner_loss,
@@ -488,6 +491,24 @@ class MemoryStore:
             return tasks, scanned[-1].task_id
         return tasks, None
 
+    async def list_namespaces(
+        self, after_namespace: str, limit: int
+    ) -> builtins.list[NamespaceCount]:
+        """A page of namespaces (``protocol.LeaseStore.list_namespaces``; SQL list_namespaces)."""
+        await asyncio.sleep(0)
+        counts: dict[str, int] = {}
+        for key in self._rows:
+            if key.namespace > after_namespace:  # code point order: COLLATE "C"
+                counts[key.namespace] = counts.get(key.namespace, 0) + 1
+        return [
+            NamespaceCount(
+                namespace,
+                min(counts[namespace], NAMESPACE_COUNT_LIMIT),
+                counts[namespace] > NAMESPACE_COUNT_LIMIT,
+            )
+            for namespace in sorted(counts)[:limit]
+        ]
+
     def _existing(self, key: TaskKey) -> TaskRow:
         row = self._rows.get(key)
         if row is None:
@@ -522,7 +543,7 @@ class MemoryStore:
             raise TaskNotClaimable.of(task)
         return False, task
 
-    async def cancel(self, key: TaskKey, reason: str) -> Lease:
+    async def cancel(self, key: TaskKey, reason: str) -> tuple[bool, Lease]:
         """Cancels the task: CANCELLED, terminal (``LeaseStore.cancel``; SQL ``cancel``)."""
         await asyncio.sleep(0)
         now = self.now()
@@ -538,10 +559,10 @@ class MemoryStore:
                 update_time=now,
             )
             self._commit(key, old, new)
-            return new.lease(now)
+            return True, new.lease(now)
         if task.state is not TaskState.CANCELLED:
             raise TaskNotClaimable.of(task)
-        return task  # cancelled already
+        return False, task  # cancelled already: nothing written
 
     async def retry(self, key: TaskKey, reason: str) -> Lease:
         """Puts a QUARANTINED task back (``protocol.LeaseStore.retry``; SQL ``retry``).

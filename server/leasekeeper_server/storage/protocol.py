@@ -4,7 +4,7 @@
 against these three shapes, not against PostgreSQL:
 
 * :class:`LeaseStore` — the lease decisions (claim, renew, release, revoke)
-  and the reads (one task, a page of a namespace);
+  and the reads (one task, a page of a namespace, a page of namespaces);
 * :class:`EffectStore` — the effect ledger (BeginEffect, CompleteEffect,
   ListEffects);
 * :class:`ChangeFeed` — the doorbell rung on every committed change of a
@@ -59,6 +59,7 @@ from leasekeeper_server.core.model import (
     Lease,
     LeaseRef,
     LossReason,
+    NamespaceCount,
     TaskKey,
     TaskState,
 )
@@ -230,6 +231,20 @@ class LeaseStore(Protocol):
         """
         ...
 
+    async def list_namespaces(
+        self, after_namespace: str, limit: int
+    ) -> builtins.list[NamespaceCount]:
+        """Up to ``limit`` namespaces that hold tasks after ``after_namespace``, by name (keyset).
+
+        Names compare byte for byte (SQL ``COLLATE "C"``). Each comes with its
+        tasks (every state) counted up to ``NAMESPACE_COUNT_LIMIT``, ``capped``
+        when it holds more. Read-only; every namespace, whoever asks (the RPC
+        layer leaves out those the caller's token does not cover). A call
+        reads one index descent per namespace it passes and at most
+        ``NAMESPACE_COUNT_LIMIT + 1`` tasks of each (SQL ``list_namespaces``).
+        """
+        ...
+
     async def revoke(self, key: TaskKey, reason: str, fence: int) -> tuple[bool, Lease]:
         """Ends the task's lease now (an operator's call); the task becomes FREE.
 
@@ -250,8 +265,13 @@ class LeaseStore(Protocol):
         """
         ...
 
-    async def cancel(self, key: TaskKey, reason: str) -> Lease:
+    async def cancel(self, key: TaskKey, reason: str) -> tuple[bool, Lease]:
         """Cancels the task: CANCELLED, terminal, its lease ended now; idempotent.
+
+        Returns:
+            (True, the task) when this call cancelled it; (False, the task as
+            it is) when it was CANCELLED already: nothing written, its first
+            reason kept.
 
         Raises:
             TaskNotFound: never claimed (NOT_FOUND).

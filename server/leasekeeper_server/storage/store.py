@@ -40,6 +40,7 @@ from leasekeeper_server.core.errors import (
 from leasekeeper_server.core.limits import NO_LIMITS, NamespaceLimits, refill, wait_for_token_s
 from leasekeeper_server.core.model import (
     LIST_SCAN_BUDGET,
+    NAMESPACE_COUNT_LIMIT,
     ZERO,
     Checkpoint,
     CheckpointWrite,
@@ -48,6 +49,7 @@ from leasekeeper_server.core.model import (
     Lease,
     LeaseRef,
     LossReason,
+    NamespaceCount,
     TaskKey,
     TaskState,
     checkpoint_from_row,
@@ -677,6 +679,25 @@ class Store:
             return leases, rows[-1]["task_id"]
         return leases, None
 
+    async def list_namespaces(self, after_namespace: str, limit: int) -> list[NamespaceCount]:
+        """Up to ``limit`` namespaces holding tasks after ``after_namespace``, by name (keyset).
+
+        Each with its tasks counted up to ``NAMESPACE_COUNT_LIMIT`` (SQL
+        ``list_namespaces``, a loose index scan: its cost never follows the
+        table's size).
+        """
+        rows = await self.fetch(
+            "list_namespaces", after_namespace, limit, NAMESPACE_COUNT_LIMIT + 1
+        )
+        return [
+            NamespaceCount(
+                r["namespace"],
+                min(r["tasks"], NAMESPACE_COUNT_LIMIT),
+                r["tasks"] > NAMESPACE_COUNT_LIMIT,
+            )
+            for r in rows
+        ]
+
     async def revoke(self, key: TaskKey, reason: str, fence: int) -> tuple[bool, Lease]:
         """Ends the task's lease now (an operator's call); the task becomes FREE.
 
@@ -706,10 +727,14 @@ class Store:
             raise TaskNotClaimable.of(lease)
         return False, lease
 
-    async def cancel(self, key: TaskKey, reason: str) -> Lease:
+    async def cancel(self, key: TaskKey, reason: str) -> tuple[bool, Lease]:
         """Cancels the task (an operator's call): CANCELLED, terminal; its lease ends now.
 
-        Idempotent: a cancelled task answers as it is.
+        Idempotent: a cancelled task answers as it is, its first reason kept.
+
+        Returns:
+            (True, the task) when this call cancelled it; (False, the task as
+            it is) when it was already CANCELLED (nothing written).
 
         Raises:
             TaskNotFound: the task was never claimed (NOT_FOUND).
@@ -718,11 +743,11 @@ class Store:
         """
         row = await self._fetchrow("cancel", key.namespace, key.task_id, reason)
         if row is not None:
-            return lease_from_row(row)
+            return True, lease_from_row(row)
         lease = await self._existing(key)
         if lease.state is not TaskState.CANCELLED:
             raise TaskNotClaimable.of(lease)
-        return lease
+        return False, lease
 
     async def retry(self, key: TaskKey, reason: str) -> Lease:
         """Puts a QUARANTINED task back (an operator's call): FREE, attempts 0.

@@ -8,6 +8,8 @@
 -- name: set_limits
 -- Upserts namespace $1's limits; a NULL argument keeps the current value
 -- (or the column's default for a new row). $6: the default max_attempts.
+-- An existing row whose limits already have these values is left alone (no
+-- row returned, no announcement): the caller reads it with get_limits.
 INSERT INTO leasekeeper_namespace_limits AS l
     (namespace, max_leases, claims_per_second, claim_burst, lock_delay, max_attempts)
 VALUES ($1::text, $2::integer, $3::double precision, $4::double precision,
@@ -29,13 +31,28 @@ ON CONFLICT (namespace) DO UPDATE SET
              IS DISTINCT FROM (l.claims_per_second, l.claim_burst) THEN NULL
         ELSE l.bucket_time END,
     update_time = clock_timestamp()
+WHERE (coalesce($2::integer, l.max_leases), coalesce($3::double precision, l.claims_per_second),
+       coalesce($4::double precision, l.claim_burst), coalesce($5::interval, l.lock_delay),
+       coalesce($6::integer, l.max_attempts))
+      IS DISTINCT FROM (l.max_leases, l.claims_per_second, l.claim_burst, l.lock_delay,
+                        l.max_attempts)
 RETURNING namespace, max_leases, claims_per_second, claim_burst, lock_delay, max_attempts,
           update_time;
+
+-- name: get_limits
+-- Namespace $1's limits, its row locked until the transaction ends; no row
+-- when it has none.
+SELECT namespace, max_leases, claims_per_second, claim_burst, lock_delay, max_attempts,
+       update_time
+FROM leasekeeper_namespace_limits
+WHERE namespace = $1::text
+FOR UPDATE;
 
 -- name: clear_limits
 -- Clears the named limits of namespace $1: $2 max_leases, $3 the rate (and
 -- its burst), $4 the burst alone, $5 the lock delay (back to 0), $6 the
--- default max_attempts.
+-- default max_attempts. A row where none of them is set is left alone (no
+-- row returned, no announcement).
 UPDATE leasekeeper_namespace_limits AS l SET
     max_leases = CASE WHEN $2::boolean THEN NULL ELSE l.max_leases END,
     claims_per_second = CASE WHEN $3::boolean THEN NULL ELSE l.claims_per_second END,
@@ -46,6 +63,11 @@ UPDATE leasekeeper_namespace_limits AS l SET
     bucket_time = CASE WHEN $3::boolean OR $4::boolean THEN NULL ELSE l.bucket_time END,
     update_time = clock_timestamp()
 WHERE namespace = $1::text
+  AND (($2::boolean AND l.max_leases IS NOT NULL)
+       OR ($3::boolean AND (l.claims_per_second IS NOT NULL OR l.claim_burst IS NOT NULL))
+       OR ($4::boolean AND l.claim_burst IS NOT NULL)
+       OR ($5::boolean AND l.lock_delay <> interval '0')
+       OR ($6::boolean AND l.max_attempts IS NOT NULL))
 RETURNING namespace, max_leases, claims_per_second, claim_burst, lock_delay, max_attempts,
           update_time;
 

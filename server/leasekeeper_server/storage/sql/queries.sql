@@ -235,6 +235,40 @@ WHERE t.matches OR t.n = t.scanned
 ORDER BY t.task_id
 LIMIT $3::int;
 
+-- name: list_namespaces
+-- The namespaces that hold tasks after namespace $1 (keyset), by name, at
+-- most $2, each with its tasks counted up to $3 (the caller asks for one
+-- more than it shows: a count above its limit means "more"). A loose index
+-- scan of the primary key (namespace, task_id): the recursive step descends
+-- the index once to the first task of the next namespace, and a count reads
+-- at most $3 index entries of one namespace, so a page's cost follows the
+-- namespaces it passes and the tasks it counts, never the table's size (a
+-- GROUP BY namespace would read every row). The count reads in task_id order
+-- so that it walks the index: unordered, the planner may take a sequential
+-- scan that stops after $3 matches, which reads the whole table for a
+-- namespace stored last. Index-only where the visibility map allows.
+WITH RECURSIVE ns(namespace) AS (
+    (SELECT t.namespace FROM leasekeeper_tasks t
+     WHERE t.namespace > $1::text
+     ORDER BY t.namespace
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.namespace FROM leasekeeper_tasks t
+            WHERE t.namespace > ns.namespace
+            ORDER BY t.namespace
+            LIMIT 1)
+    FROM ns
+    WHERE ns.namespace IS NOT NULL
+)
+SELECT ns.namespace,
+       (SELECT count(*) FROM (SELECT FROM leasekeeper_tasks t
+                              WHERE t.namespace = ns.namespace
+                              ORDER BY t.task_id
+                              LIMIT $3::int) c) AS tasks
+FROM ns
+WHERE ns.namespace IS NOT NULL
+LIMIT $2::int;
+
 -- name: lock_lease
 -- Takes a share lock on the task's row, then reads the row and the clock.
 -- Claims, renewals and releases update the row, so they wait until the
