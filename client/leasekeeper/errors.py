@@ -4,6 +4,8 @@ Hierarchy (every class is a :class:`LeaseError`)::
 
     LeaseError                    any failed call; .code, .reason, .metadata
     ├── LeaseLost                 ABORTED: ownership is gone (claim again, never retry)
+    ├── AccessDenied              UNAUTHENTICATED or PERMISSION_DENIED: the token (not retryable)
+    ├── LimitExceeded             RESOURCE_EXHAUSTED LEASE_LIMIT, CLAIM_RATE_LIMIT; .retry_after
     ├── TaskEnded                 the task is terminal (claims refused; never granted again)
     │   ├── TaskCompleted         FAILED_PRECONDITION TASK_COMPLETED
     │   ├── TaskCancelled         FAILED_PRECONDITION TASK_CANCELLED: an operator cancelled it

@@ -1,7 +1,7 @@
 """The effect service's own fence table: refuse lower fences in the effect's transaction.
 
-CONTRACT, "What a side-effect boundary must do": *reject any fence lower than
-the highest it has accepted for that task*. An effect service with its own
+The lease contract asks every side-effect boundary to *reject any fence lower
+than the highest it has accepted for that task*. An effect service with its own
 database does that without a round trip to leasekeeper per write: it keeps the
 highest fence it accepted per task in one table, ``leasekeeper_accepted_fences``,
 and raises it with one conditional upsert (:data:`ACCEPT_FENCE_SQLITE`,

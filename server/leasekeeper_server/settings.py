@@ -63,7 +63,14 @@ MAX_ID_BYTES_LIMIT = 640
 
 
 class Settings(BaseSettings):
-    """The service's settings; each field maps to ``LEASEKEEPER_<FIELD>``."""
+    """The service's settings; each field maps to ``LEASEKEEPER_<FIELD>``.
+
+    They are read from the environment and from a ``.env`` file in the working
+    directory; a variable set in the environment wins over the file. Durations are
+    in seconds (their names end in ``_s``), sizes in bytes. A setting that is out of
+    its bounds or cannot be parsed stops ``serve``, ``migrate``, ``tokens`` and
+    ``limits`` before they start: exit status 2, with one line naming the variable.
+    """
 
     model_config = SettingsConfigDict(
         env_prefix="LEASEKEEPER_", env_file=".env", extra="ignore", frozen=True
@@ -71,12 +78,16 @@ class Settings(BaseSettings):
 
     database_url: str | None = Field(
         default=None,
-        description="PostgreSQL URL (postgresql://user@host:port/db). Unset: an embedded "
-        "PostgreSQL in data_dir.",
+        description="PostgreSQL URL (postgresql://user@host:port/db), PostgreSQL 13 or newer. "
+        "Unset: an embedded PostgreSQL in data_dir. Checked at start by asyncpg's own URL "
+        "parser (and ports 1..65535): a URL it cannot use exits 2 at once. Through a pooler, "
+        "each connection must keep its session (PgBouncer pool_mode=session): a pooler in "
+        "transaction or statement mode is found at start and refused (exit 2).",
     )
     data_dir: Path = Field(
         default_factory=default_data_dir,
-        description="Data directory of the embedded PostgreSQL; survives restarts.",
+        description="Data directory of the embedded PostgreSQL; survives restarts; logged at "
+        "start.",
     )
     listen: str = Field(default="127.0.0.1:9457", description="gRPC listen address host:port.")
     health_listen: str | None = Field(
@@ -114,7 +125,8 @@ class Settings(BaseSettings):
         default=256,
         ge=1,
         le=MAX_ID_BYTES_LIMIT,
-        description="Longest namespace, task_id or owner_id (UTF-8).",
+        description="Longest namespace, task_id or owner_id, in bytes of UTF-8. At most 640: the "
+        "primary key and PostgreSQL's 8000-byte change notifications carry them.",
     )
     max_effect_result_bytes: int = Field(
         default=65536,
@@ -127,19 +139,22 @@ class Settings(BaseSettings):
         ge=0,
         le=3 << 20,
         description=(
-            "Largest checkpoint data a worker may save (bytes). At most 3 MiB: a claim's "
-            "answer carries the checkpoint, and gRPC clients refuse messages over 4 MiB."
+            "Largest checkpoint data a worker may save (bytes); a larger one is refused "
+            "INVALID_ARGUMENT naming checkpoint.data. At most 3 MiB: a claim's answer carries "
+            "the checkpoint, and gRPC clients refuse messages over 4 MiB."
         ),
     )
     history_max_age_s: float = Field(
         default=30 * 86400.0,
         gt=0,
-        description="How long task history entries are kept (seconds); older ones are pruned.",
+        description="How long task history entries are kept (seconds); older ones are pruned "
+        "in the background.",
     )
     history_max_per_task: int = Field(
         default=1000,
         ge=1,
-        description="Most history entries kept per task; the oldest beyond it are pruned.",
+        description="Most history entries kept per task; the oldest beyond it are pruned in "
+        "the background.",
     )
     history_prune_interval_s: float = Field(
         default=60.0,
@@ -149,10 +164,10 @@ class Settings(BaseSettings):
     pool_min_size: int = Field(default=2, ge=1, description="Database connections kept open.")
     pool_max_size: int = Field(default=20, ge=1, description="Most database connections.")
     statement_timeout_s: float = Field(
-        default=5.0, gt=0, description="PostgreSQL statement_timeout on every connection."
+        default=5.0, gt=0, description="PostgreSQL's `statement_timeout` on every connection."
     )
     lock_timeout_s: float = Field(
-        default=3.0, gt=0, description="PostgreSQL lock_timeout on every connection."
+        default=3.0, gt=0, description="PostgreSQL's `lock_timeout` on every connection."
     )
     batch_tick_s: float = Field(
         default=0.002,
@@ -164,8 +179,9 @@ class Settings(BaseSettings):
     batch_lock_timeout_s: float = Field(
         default=0.05,
         gt=0,
-        description="How long a batched statement (claims, renewals arriving together) may "
-        "wait for a row lock before its calls run one by one with lock_timeout_s.",
+        description="How long a batched statement (claims, renewals or reads arriving together, "
+        "sent as one) may wait for a row lock; past it, its calls run one by one with "
+        "lock_timeout_s, so one locked row never holds up the rest.",
     )
     connect_timeout_s: float = Field(
         default=3.0,
@@ -191,8 +207,9 @@ class Settings(BaseSettings):
         le=600,
         description="A ping unanswered this long, or data the client's kernel has not "
         "acknowledged this long (TCP_USER_TIMEOUT), closes the connection and ends its "
-        "calls and streams: a dead or cut-off client is dropped within "
-        "keepalive_time_s + keepalive_timeout_s.",
+        "calls and streams (the leases of its heartbeats run out their ttl as usual): a dead "
+        "or cut-off client is dropped within keepalive_time_s + keepalive_timeout_s. Shorter "
+        "finds dead clients sooner; too short drops healthy clients on a slow or lossy link.",
     )
     max_claim_wait_s: float = Field(
         default=60.0,
@@ -220,7 +237,10 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "How long `serve` keeps trying to reach the database at start (a database "
-            "restarting, a failover settling) before it exits with status 1."
+            "restarting, a failover settling; one log line per attempt, waits doubling from "
+            "0.2 s to 5 s) before it exits with status 1. A database that refuses the "
+            "connection (an unknown role, a wrong password, a missing database) is not "
+            "retried: exit status 2 at once, with PostgreSQL's message."
         ),
     )
     workers: int = Field(
@@ -241,8 +261,8 @@ class Settings(BaseSettings):
     )
     audit_log: Path | None = Field(
         default=None,
-        description="File the audit log (grants, releases, losses, revokes; JSON lines) is "
-        "appended to; unset: standard error.",
+        description="File the audit log (JSON lines: grants, releases, losses, expiries, "
+        "revokes, cancels and retries) is appended to; unset: standard error.",
     )
     otlp_endpoint: str | None = Field(
         default=None,
@@ -251,19 +271,22 @@ class Settings(BaseSettings):
     )
     auth: Literal["auto", "on", "off"] = Field(
         default="auto",
-        description="Bearer tokens on LeaseService calls: on, off, or auto (off when listen "
-        "is a loopback address, 127.0.0.0/8, ::1 or localhost; on otherwise).",
+        description="Bearer tokens on LeaseService calls: on, off, or auto (off when the listen "
+        "address is loopback, 127.0.0.0/8, ::1 or localhost; on otherwise). Off on an address "
+        "that is not loopback logs a warning at start.",
     )
     tokens_file: Path | None = Field(
         default=None,
         description="TOML file of hashed tokens (see leasekeeper_server.security.tokens), reloaded "
-        "when it changes; database tokens are accepted too.",
+        "when it changes; tokens in the database (`leasekeeper tokens create`) are accepted too.",
     )
     tls_cert_file: Path | None = Field(
-        default=None, description="PEM certificate chain for TLS on the gRPC port; reloaded."
+        default=None,
+        description="PEM certificate chain for TLS on the gRPC port; reloaded when the file "
+        "changes (new connections get the new certificate, without a restart).",
     )
     tls_key_file: Path | None = Field(
-        default=None, description="PEM private key of tls_cert_file; reloaded."
+        default=None, description="PEM private key of tls_cert_file; reloaded when it changes."
     )
     tls_client_ca_file: Path | None = Field(
         default=None,
