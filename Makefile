@@ -64,6 +64,7 @@ demo: $(VENV)/.installed ## the paused-worker, crashed-worker and resumed-run sc
 
 # MkDocs 1.x is pinned (<2); its plugins print a notice about a future 2.0 at every build.
 export DISABLE_MKDOCS_2_WARNING := true
+export NO_MKDOCS_2_WARNING := 1
 
 docs: $(VENV)/.installed ## build the documentation site strictly, then serve it on http://127.0.0.1:8000
 	$(VENV)/bin/mkdocs build --strict
