@@ -175,7 +175,8 @@ class FenceCheck:
     """The answer of ValidateFence.
 
     Attributes:
-        valid: True iff the fence is current, its lease HELD and the task not COMPLETED.
+        valid: True iff the fence is current, its lease HELD and the task not ended
+            (COMPLETED, FAILED or CANCELLED).
         current_fence: The task's current fence (0 for a task never claimed).
         reason: Why not valid (a loss reason name), None when valid.
         remaining_ttl: When valid: seconds left on the lease (database clock).

@@ -551,7 +551,9 @@ class LeaseClient:
     async def validate_fence(
         self, task_id: str, fence: int, namespace: str | None = None
     ) -> FenceCheck:
-        """Say whether ``fence`` may act now (database clock). Read-only.
+        """Say whether ``fence`` may act now (database clock). Changes no lease.
+
+        A refused stale fence is recorded in the task's history (FENCE_REFUSED).
 
         Args:
             task_id: The task.
@@ -560,7 +562,8 @@ class LeaseClient:
 
         Returns:
             ``valid`` iff the fence is current, its lease HELD and the task not
-            COMPLETED; otherwise the current fence and the reason.
+            ended (COMPLETED, FAILED or CANCELLED); otherwise the current fence
+            and the reason.
 
         Raises:
             InvalidArgument: INVALID_ARGUMENT.

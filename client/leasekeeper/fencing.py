@@ -121,7 +121,7 @@ class FenceChecker:
         self._client = client
 
     async def check(self, namespace: str, task_id: str, fence: int) -> FenceCheck:
-        """Check that ``fence`` may act now (database clock). Read-only.
+        """Check that ``fence`` may act now (database clock). Changes no lease.
 
         Args:
             namespace: The task's namespace.

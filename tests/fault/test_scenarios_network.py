@@ -10,7 +10,7 @@ b. Renewals fail while reads work (the server's connections to PostgreSQL
    server ends the heartbeat stream UNAVAILABLE at once (at the next beat),
    the holder's ``HeldLease.renewal_error`` says so, and the lease is not
    lost: the client resumes with the same fence until its trust deadline,
-   as CONTRACT.md and the client docs promise. With a 30 s ttl, told within
+   as guarantees.md and the client docs promise. With a 30 s ttl, told within
    a few seconds.
 c. A renewal held back in the network (``delay`` upstream) arrives after the
    lease expired and another owner claimed the task: refused ABORTED
@@ -449,7 +449,7 @@ async def test_hold_renewals_failing_holder_told_at_once_lease_kept_same_fence(
 ) -> None:
     """The client level: ``hold()`` tells the holder at once, and does not call it a loss.
 
-    CONTRACT.md: UNAVAILABLE is "safe to retry"; a heartbeat ended UNAVAILABLE
+    guarantees.md: UNAVAILABLE is "safe to retry"; a heartbeat ended UNAVAILABLE
     is resumed "with the same fence"; the lease is lost for the client at its
     trust deadline unless a renewal is confirmed. The client docs
     (``_heartbeat.py``, ``HeldLease.renewal_error``): reopen with backoff for as
@@ -519,7 +519,7 @@ SHORT_TTL_S = 1.0
 # Held in the network past the expiry (one ttl after the claim) and the rival's
 # claim (a poll and one call, well under a second).
 RENEWAL_DELAY_S = SHORT_TTL_S + 1.5
-# CONTRACT: a heartbeat stream ends "as soon as ownership is lost" (the contract
+# guarantees.md: a heartbeat stream ends "as soon as ownership is lost" (the contract
 # tests allow 1 s; the server's expiry timer fires 20 ms after expire_time).
 LOSS_PUSH_S = 1.0
 

@@ -10,7 +10,7 @@ a. A server killed between the commit of a claim and its reply: the reply is
    swallowed by a proxy that black-holes the server-to-client direction, the
    claim is seen committed in the database, the server is SIGKILLed. The
    retry, with the same request_id, on another replica gets the same lease and
-   fence back, unchanged (CONTRACT: "Claim again by the current live owner: the
+   fence back, unchanged (guarantees.md: "Claim again by the current live owner: the
    same lease back, no new fence"); ``hold()`` does that retry on its own.
 b. Server replicas killed while heartbeat streams are open on them: every
    worker resumes its heartbeat on the surviving replica with the same fence,

@@ -1,4 +1,4 @@
-"""Bad input: INVALID_ARGUMENT naming the field, and nothing changed (CONTRACT: Bad input).
+"""Bad input: INVALID_ARGUMENT naming the field, and nothing changed (guarantees.md: Bad input).
 
 Every case runs against a namespace holding one live lease (task "t", owner
 "a", fence 1) and compares the whole task table before and after.

@@ -1,4 +1,4 @@
-"""Claim: CONTRACT.md's RPC table, row by row, and the fence rules."""
+"""Claim: guarantees.md's RPC table, row by row, and the fence rules."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ from tests.integration.contract_helpers import (
 
 pytestmark = pytest.mark.timeout(30)
 
-LOSS_PUSH_S = 1.0  # CONTRACT: the stream ends "as soon as ownership is lost"; we allow 1 s
+LOSS_PUSH_S = 1.0  # guarantees.md: the stream ends "as soon as ownership is lost"; we allow 1 s
 EARLY_SLACK_S = 0.005  # rounding of timestamps to microseconds
 
 

@@ -155,7 +155,7 @@ def _reason(outcome) -> str:
     return error_info(outcome).reason
 
 
-# CONTRACT (the clock): a statement that waited on a row lock decides with the
+# guarantees.md (the clock): a statement that waited on a row lock decides with the
 # clock at the moment it got the row. In each test the row is locked while the
 # lease (ttl 0.5 s) is live, and held until the lease has expired.
 

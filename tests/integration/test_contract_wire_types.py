@@ -1,4 +1,4 @@
-"""A declared field sent with the wrong wire type is bad input (CONTRACT: Bad input).
+"""A declared field sent with the wrong wire type is bad input (guarantees.md: Bad input).
 
 protobuf keeps such a field as an unknown field and leaves the declared one
 unset: a Claim whose ttl (field 4) arrives as a varint would be granted with

@@ -11,7 +11,7 @@ expires or an operator revokes it, all done in the database as in
 into the past, expiry backdates expire_time, revocation writes the revoked
 state.
 
-A small model, written here from CONTRACT.md and the proto's comments and
+A small model, written here from guarantees.md and the proto's comments and
 deliberately not importing the server's rules, predicts every answer exactly:
 the acquired flag, the fence, the owner, the task state and end reason, the
 loss reason (enum or ErrorInfo reason and its current_fence), the gRPC code,

@@ -17,7 +17,7 @@ the Heartbeat stream and the effect RPCs included:
   over max_checkpoint_bytes, content types that are long or not printable
   ASCII, and any fence and write_time (which the server ignores).
 
-An oracle written here from CONTRACT.md's "Bad input" and the proto's field
+An oracle written here from guarantees.md's "Bad input" and the proto's field
 comments (not from the server's validation code) says which fields of a
 request are malformed. Every answer must then be clean:
 
@@ -187,7 +187,7 @@ def examples(count: int) -> settings:
 
 @dataclass(frozen=True)
 class Limits:
-    """The server's configured bounds (CONTRACT: "limits configurable")."""
+    """The server's configured bounds (guarantees.md: "limits configurable")."""
 
     max_id_bytes: int
     min_ttl: Fraction
@@ -195,7 +195,7 @@ class Limits:
     max_runtime: Fraction
     max_result_bytes: int
     max_claim_wait: Fraction = Fraction(60)
-    max_page_size: int = 1000  # CONTRACT: "at most 1000 a page"
+    max_page_size: int = 1000  # guarantees.md: "at most 1000 a page"
     max_digest_bytes: int = 64  # proto: request_digest "at most 64 bytes"
     max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES
     max_attempts: int = 1_000_000  # proto: ClaimRequest.max_attempts "[0, 1000000]"

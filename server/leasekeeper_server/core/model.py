@@ -366,8 +366,9 @@ def fence_loss(lease: Lease | None, fence: int) -> LossReason | None:
     """Says why ``fence`` may not act on ``lease`` now, or None if it may.
 
     The rule behind ValidateFence: a fence is valid iff it is the current
-    fence, the lease is HELD on the database clock and the task is not
-    COMPLETED.
+    fence, the lease is HELD on the database clock and the task has not
+    ended (COMPLETED, FAILED or CANCELLED: every fence of an ended task gets
+    the task's reason).
     """
     current = lease.fence if lease is not None else 0
     if fence > current:

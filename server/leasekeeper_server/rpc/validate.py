@@ -2,7 +2,7 @@
 
 Every check raises :class:`~leasekeeper_server.core.errors.InvalidArgument` naming
 the field (INVALID_ARGUMENT for the caller) before anything is read or
-written. The rules are CONTRACT.md's "Bad input": ids are 1..max_id_bytes
+written. The rules are the lease contract's "Bad input" (docs/guarantees.md): ids are 1..max_id_bytes
 bytes of UTF-8 without control characters, bidirectional controls or line
 separators, with a visible character, compared byte for byte (a claim's
 request_id too, when set; empty means none); ttls lie in [min_ttl, max_ttl]
@@ -38,7 +38,7 @@ MAX_DIGEST_BYTES = 64  # room for SHA-512; SHA-256 is 32
 
 
 def identifier(field: str, value: str, max_bytes: int) -> str:
-    """Checks an opaque id: the one rule of every id (CONTRACT.md "Bad input").
+    """Checks an opaque id: the one rule of every id (docs/guarantees.md, "Bad input").
 
     1..max_bytes bytes of UTF-8; no control characters (NUL included), no
     bidirectional controls, no line separators, and at least one visible
