@@ -35,8 +35,18 @@ examples/node/node_modules/.installed: examples/node/package.json examples/node/
 serve: $(VENV)/.installed ## start the service (embedded PostgreSQL unless LEASEKEEPER_DATABASE_URL is set)
 	$(VENV)/bin/leasekeeper serve
 
-test: $(VENV)/.installed $(NODE_DEPS) ## run the test suite (real PostgreSQL: local on :5432, else embedded)
-	$(PY) -m pytest
+# The docs' and README's code blocks (tests/docs/blocks.py) run in a second pytest alongside the
+# main suite: they spend most of their time waiting on the service, so together they take about
+# as long as the main suite alone. Their report is printed after the main suite's.
+DOCS_LOG := .pytest-docs.log
+
+test: $(VENV)/.installed $(NODE_DEPS) ## run the test suite and every code block of the docs (real PostgreSQL: local on :5432, else embedded)
+	@$(PY) -m pytest -q -p no:cacheprovider docs README.md > $(DOCS_LOG) 2>&1 & docs=$$!; \
+	$(PY) -m pytest tests; main=$$?; \
+	wait $$docs; docs_status=$$?; \
+	echo "== the docs' and README's code blocks (run alongside; exit $$docs_status)"; \
+	cat $(DOCS_LOG); \
+	if [ $$main -ne 0 ]; then exit $$main; fi; exit $$docs_status
 
 lint: $(VENV)/.installed protos-check ## ruff, mypy, and buf on the protos (protos-check)
 	$(VENV)/bin/ruff check .

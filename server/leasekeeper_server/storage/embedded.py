@@ -27,7 +27,9 @@ class EmbeddedPostgres:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
         url = str(self._server.get_uri())
-        log.info("embedded PostgreSQL running; data directory %s", self.data_dir)
+        # The URL is logged so that tools that talk to the database (leasekeeper tokens,
+        # an effect service's fence table in the docs) can be pointed at it.
+        log.info("embedded PostgreSQL running at %s; data directory %s", url, self.data_dir)
         return url
 
     def stop(self) -> None:
