@@ -39,6 +39,7 @@ from ._types import (
     FenceCheck,
     LeaseInfo,
     NamespaceInfo,
+    NamespaceStats,
     RenewedLease,
     TaskEvent,
 )
@@ -123,6 +124,7 @@ __all__ = [
     "LimitExceeded",
     "MissingFence",
     "NamespaceInfo",
+    "NamespaceStats",
     "NotAcquired",
     "Performed",
     "RenewedLease",

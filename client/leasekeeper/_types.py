@@ -171,6 +171,66 @@ class NamespaceInfo:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class NamespaceStats:
+    """A namespace's figures at one instant, as ``LeaseClient.namespace_stats`` returns them.
+
+    Every count is an ``int`` counted by the server on the database clock, at
+    ``as_of``. Each count stops at 10000 rows: when there were more to count,
+    its ``*_capped`` flag is set, and the namespace holds at least that many,
+    maybe more. ``leases_held``, ``leases_expired`` and
+    ``tasks_quarantined`` are counted together over the namespace's leases
+    the expiry sweeper has not announced as expired: past 10000 of those, all
+    three are capped. The ``*_last_minute`` counts are of the task history's
+    entries whose event time lies in the 60 seconds before ``as_of``.
+
+    Attributes:
+        namespace: The namespace.
+        leases_held: Tasks whose lease is live (``HELD``).
+        leases_expired: Tasks whose lease's expiry passed and that no claim
+            has taken over since (``EXPIRED``: the next claim is granted).
+        tasks_quarantined: Tasks whose attempts are used up (``QUARANTINED``):
+            claims are refused until an operator's retry.
+        claims_last_minute: Leases granted in the last 60 seconds.
+        stale_fences_last_minute: Stale fences refused in the last 60 seconds
+            (by ValidateFence and BeginEffect; each fence, reason and method of
+            a task counted at its first refusal).
+        leases_lost_last_minute: Leases lost in the last 60 seconds: expired
+            (``LEASE_EXPIRED``, ``RUNTIME_EXCEEDED``; counted from the lease's
+            expiry, once the server has announced it) or revoked.
+        effects_in_doubt: Effects ``RESERVED`` by a fence that is not the
+            task's live lease now (superseded, expired, released, revoked, or
+            the task ended): the effect may or may not have happened; each
+            needs reconciling with the outside system
+            (``list_effects(task_id, state="RESERVED")`` lists a task's).
+        as_of: When the figures were read (UTC, database clock).
+        leases_held_capped: ``leases_held`` stopped at the limit: at least that many.
+        leases_expired_capped: ``leases_expired`` stopped at the limit.
+        tasks_quarantined_capped: ``tasks_quarantined`` stopped at the limit.
+        claims_last_minute_capped: ``claims_last_minute`` stopped at the limit.
+        stale_fences_last_minute_capped: ``stale_fences_last_minute`` stopped at the limit.
+        leases_lost_last_minute_capped: ``leases_lost_last_minute`` stopped at the limit.
+        effects_in_doubt_capped: ``effects_in_doubt`` stopped at the limit.
+    """
+
+    namespace: str
+    leases_held: int
+    leases_expired: int
+    tasks_quarantined: int
+    claims_last_minute: int
+    stale_fences_last_minute: int
+    leases_lost_last_minute: int
+    effects_in_doubt: int
+    as_of: datetime
+    leases_held_capped: bool = False
+    leases_expired_capped: bool = False
+    tasks_quarantined_capped: bool = False
+    claims_last_minute_capped: bool = False
+    stale_fences_last_minute_capped: bool = False
+    leases_lost_last_minute_capped: bool = False
+    effects_in_doubt_capped: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class FenceCheck:
     """The answer of ValidateFence.
 
@@ -323,6 +383,29 @@ def namespace_info(message: pb.NamespaceSummary) -> NamespaceInfo:
         namespace=message.namespace,
         task_count=message.task_count,
         task_count_capped=message.task_count_capped,
+    )
+
+
+def namespace_stats(message: pb.GetNamespaceStatsResponse) -> NamespaceStats:
+    """Convert a ``GetNamespaceStatsResponse`` (field for field, the same names)."""
+    return NamespaceStats(
+        namespace=message.namespace,
+        leases_held=message.leases_held,
+        leases_expired=message.leases_expired,
+        tasks_quarantined=message.tasks_quarantined,
+        claims_last_minute=message.claims_last_minute,
+        stale_fences_last_minute=message.stale_fences_last_minute,
+        leases_lost_last_minute=message.leases_lost_last_minute,
+        effects_in_doubt=message.effects_in_doubt,
+        # Always set by the server; an unset one reads as the epoch, never as now.
+        as_of=message.as_of.ToDatetime(tzinfo=UTC),
+        leases_held_capped=message.leases_held_capped,
+        leases_expired_capped=message.leases_expired_capped,
+        tasks_quarantined_capped=message.tasks_quarantined_capped,
+        claims_last_minute_capped=message.claims_last_minute_capped,
+        stale_fences_last_minute_capped=message.stale_fences_last_minute_capped,
+        leases_lost_last_minute_capped=message.leases_lost_last_minute_capped,
+        effects_in_doubt_capped=message.effects_in_doubt_capped,
     )
 
 

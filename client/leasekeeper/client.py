@@ -30,6 +30,7 @@ from ._types import (
     FenceCheck,
     LeaseInfo,
     NamespaceInfo,
+    NamespaceStats,
     RenewedLease,
     Seconds,
     TaskEvent,
@@ -829,6 +830,40 @@ class LeaseClient:
         """
         async for namespace in _every_page(lambda token: self.list_namespaces(page_size, token)):
             yield namespace
+
+    async def namespace_stats(self, namespace: str | None = None) -> NamespaceStats:
+        """A namespace's figures now (GetNamespaceStats): an operator's view. Read-only.
+
+        Leases held and expired, tasks quarantined, leases granted, stale
+        fences refused and leases lost in the last 60 seconds, effects in
+        doubt: see :class:`~leasekeeper.NamespaceStats`. Counted by the server
+        in one statement on the database clock (``as_of``); each count stops
+        at 10000 rows (its ``*_capped`` flag set when there were more), so a
+        call's cost never follows the namespace's size. A namespace that holds no tasks
+        answers with every count 0. An operator's call: it needs an admin
+        token covering the namespace when the server requires tokens (the
+        role of :meth:`list_leases`).
+
+        Args:
+            namespace: The namespace; None for this client's.
+
+        Returns:
+            The figures: :class:`~leasekeeper.NamespaceStats` (counts as
+            ``int``, ``as_of`` a UTC ``datetime``).
+
+        Raises:
+            AccessDenied: UNAUTHENTICATED, or PERMISSION_DENIED (the token's
+                role is not admin, or it does not cover the namespace).
+            InvalidArgument: INVALID_ARGUMENT, the namespace breaks the rules
+                of ids (field ``namespace``).
+            LeaseUnavailable: UNAVAILABLE; safe to retry.
+
+        """
+        request = pb.GetNamespaceStatsRequest(
+            namespace=self._namespace if namespace is None else namespace
+        )
+        response = await self._call(self.stub.GetNamespaceStats, request)
+        return _types.namespace_stats(response)
 
     async def revoke(self, task_id: str, reason: str, fence: int = 0) -> tuple[bool, LeaseInfo]:
         """End the task's lease now (an operator's call; needs an admin token when auth is on).

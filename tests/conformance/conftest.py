@@ -10,7 +10,9 @@ moves; for PostgreSQL every instant of the namespace's task rows and claim
 bucket is moved that far into the past, which is what the
 database clock moving on means for those rows (the technique of
 ``tests/integration/test_lease_model.py``): no test waits for real time, and
-no answer depends on the machine's speed. :meth:`World.run_out` lets real
+no answer depends on the machine's speed; with ``history=True`` the
+namespace's history entries age as well (the windows of ``namespace_stats``
+read their event times). :meth:`World.run_out` lets real
 time pass instead, for a lease with a short ttl. The database clock still runs
 between statements, so expectations about the clock hold within ``SLACK``;
 durations are minutes, so that slack never changes a decision.
@@ -68,7 +70,7 @@ class World:
     ledger: EffectStore
     events: ChangeFeed
     namespace: str
-    _advance: Callable[[timedelta], Awaitable[None]]
+    _advance: Callable[[timedelta, bool], Awaitable[None]]
     _set_limits: Callable[[NamespaceLimits], Awaitable[None]]
     _sweep: Callable[[], Awaitable[None]]
 
@@ -84,9 +86,13 @@ class World:
             fence if fence is not None else lease.fence,
         )
 
-    async def advance(self, by: timedelta) -> None:
-        """Lets ``by`` pass on the storage's clock for this namespace."""
-        await self._advance(by)
+    async def advance(self, by: timedelta, history: bool = False) -> None:
+        """Lets ``by`` pass on the storage's clock for this namespace.
+
+        ``history``: for the namespace's history entries too (PostgreSQL
+        moves their event times; the memory clock moves for everything).
+        """
+        await self._advance(by, history)
 
     async def run_out(self, task_id: str = "t") -> Lease:
         """Waits for the task's lease to expire as time really passes; returns it ended.
@@ -164,7 +170,7 @@ async def memory_world(namespace: str) -> AsyncIterator[World]:
     clock = ManualClock()
     store = MemoryStore(clock)
 
-    async def advance(by: timedelta) -> None:
+    async def advance(by: timedelta, history: bool) -> None:
         clock.advance(by)
 
     async def set_limits(limits: NamespaceLimits) -> None:
@@ -188,13 +194,21 @@ async def postgres_world(database_url: str, namespace: str) -> AsyncIterator[Wor
     admin = await asyncpg.connect(database_url)
     try:
 
-        async def advance(by: timedelta) -> None:
+        async def advance(by: timedelta, history: bool) -> None:
             # Moving every instant back by `by` is the clock moving on by `by`
             # for these rows. The trigger announces nothing and writes no
             # history: no fence, state, owner or checkpoint version changes.
-            # The effects' begin and complete times and the history's event
-            # times decide nothing and stay (as the memory store's do).
+            # The effects' begin and complete times decide nothing and stay
+            # (as the memory store's do); so do the history's event times,
+            # unless asked: only namespace_stats' windows read them.
             async with admin.transaction():
+                if history:
+                    await admin.execute(
+                        "UPDATE leasekeeper_task_history"
+                        " SET event_time = event_time - $2::interval WHERE namespace = $1",
+                        namespace,
+                        by,
+                    )
                 await admin.execute(
                     "UPDATE leasekeeper_tasks SET claim_time = claim_time - $2::interval,"
                     " expire_time = expire_time - $2::interval,"

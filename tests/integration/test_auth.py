@@ -59,6 +59,7 @@ def request_for(method: str, namespace: str, fence: int = 1) -> Any:
         "GetLease": lambda: pb.GetLeaseRequest(**lease),
         "ListLeases": lambda: pb.ListLeasesRequest(namespace=namespace),
         "ListNamespaces": lambda: pb.ListNamespacesRequest(),
+        "GetNamespaceStats": lambda: pb.GetNamespaceStatsRequest(namespace=namespace),
         "BeginEffect": lambda: pb.BeginEffectRequest(
             **lease, fence=fence, effect_key="e", policy=pb.EFFECT_POLICY_ONCE
         ),
@@ -231,6 +232,9 @@ async def test_worker_token_in_another_namespace_is_denied_and_task_unchanged(
         ("worker", "ListNamespaces", False),
         ("effect", "ListNamespaces", False),
         ("admin", "ListNamespaces", True),
+        ("worker", "GetNamespaceStats", False),
+        ("effect", "GetNamespaceStats", False),
+        ("admin", "GetNamespaceStats", True),
         ("admin", "ValidateFence", True),
         ("admin", "Revoke", True),
     ],

@@ -75,6 +75,13 @@ def _list_namespaces(**kw: Any) -> Callable[[str], pb.ListNamespacesRequest]:
     return build
 
 
+def _stats(**kw: Any) -> Callable[[str], pb.GetNamespaceStatsRequest]:
+    def build(ns: str) -> pb.GetNamespaceStatsRequest:
+        return pb.GetNamespaceStatsRequest(**{"namespace": ns, **kw})
+
+    return build
+
+
 def _begin(**kw: Any) -> Callable[[str], pb.BeginEffectRequest]:
     def build(ns: str) -> pb.BeginEffectRequest:
         fields = {
@@ -214,6 +221,9 @@ CASES = [
     ("ListNamespaces", _list_namespaces(page_size=1001), "page_size", "namespaces-page-size-1001"),
     ("ListNamespaces", _list_namespaces(page_size=-1), "page_size", "namespaces-page-size-neg"),
     ("ListNamespaces", _list_namespaces(page_token="%%"), "page_token", "namespaces-token-garbage"),
+    ("GetNamespaceStats", _stats(namespace=""), "namespace", "stats-empty-namespace"),
+    ("GetNamespaceStats", _stats(namespace=LONG_ID), "namespace", "stats-257-byte-namespace"),
+    ("GetNamespaceStats", _stats(namespace="n\x00"), "namespace", "stats-nul-namespace"),
     # the effect ledger
     ("BeginEffect", _begin(effect_key=""), "effect_key", "begin-empty-effect-key"),
     ("BeginEffect", _begin(effect_key=LONG_ID), "effect_key", "begin-257-byte-effect-key"),
@@ -243,6 +253,7 @@ CASES = [
     ("GetLease", _raw(b"\x0a\x01\xc0"), "request", "get-invalid-utf8"),
     ("ListLeases", _raw(b"\x22\x01\xff"), "request", "list-invalid-utf8-token"),
     ("ListNamespaces", _raw(b"\x12\x01\xff"), "request", "namespaces-invalid-utf8-token"),
+    ("GetNamespaceStats", _raw(b"\x0a\x01\xff"), "request", "stats-invalid-utf8-namespace"),
     ("BeginEffect", _raw(b"\x22\x01\xff"), "request", "begin-invalid-utf8-effect-key"),
     ("CompleteEffect", _raw(b"\x3a\x05ab"), "request", "complete-truncated-result"),
     ("ListEffects", _raw(b"\xff"), "request", "list-effects-garbage-body"),
@@ -372,6 +383,7 @@ ID_FIELDS = [
     ("GetLease", _get, "task_id"),
     ("ListLeases", _list, "namespace"),
     ("ListLeases", _list, "owner_id"),
+    ("GetNamespaceStats", _stats, "namespace"),
     ("BeginEffect", _begin, "namespace"),
     ("BeginEffect", _begin, "task_id"),
     ("BeginEffect", _begin, "effect_key"),

@@ -106,6 +106,7 @@ REQUESTS: dict[str, Callable[[str], Message]] = {
         namespace=ns, state=pb.TASK_STATE_HELD, page_size=10, owner_id="a"
     ),
     "ListNamespaces": lambda ns: pb.ListNamespacesRequest(page_size=10),
+    "GetNamespaceStats": lambda ns: pb.GetNamespaceStatsRequest(namespace=ns),
     "BeginEffect": lambda ns: pb.BeginEffectRequest(
         namespace=ns,
         task_id="t",

@@ -23,8 +23,12 @@ task's statements a few index pages and rows, a page of ``list_leases`` or
 ``list_history`` about a page (``list_leases`` reads up to its scan budget),
 ``list_namespaces`` a descent per namespace and at most its count limit
 (plus one) of index entries of each, however many tasks a namespace holds,
-the sweeper's statements about one visit per live lease, the pruner's a few
-per entry it is about (past its age, or written since its last pass).
+``namespace_stats`` at most its count limit (plus one) of rows per count
+(probed with a limit far below what the namespace holds), the sweeper's
+statements about one visit per live lease, the pruner's a few per entry it
+is about (past its age, or written since its last pass). At its real limit,
+``namespace_stats`` reads no more rows than the figures it counts, and counts
+them right.
 """
 
 from __future__ import annotations
@@ -56,7 +60,12 @@ from bench.scale import (
     seed,
     unannounced_leases,
 )
-from leasekeeper_server.core.model import LIST_SCAN_BUDGET, NAMESPACE_COUNT_LIMIT
+from leasekeeper_server.core.model import (
+    LIST_SCAN_BUDGET,
+    NAMESPACE_COUNT_LIMIT,
+    STATS_COUNT_LIMIT,
+    STATS_WINDOW,
+)
 from leasekeeper_server.settings import Settings
 from leasekeeper_server.storage import queries
 from leasekeeper_server.storage.migrate import migrate
@@ -67,6 +76,15 @@ TABLES = ("leasekeeper_tasks", "leasekeeper_effects", "leasekeeper_task_history"
 HISTORY_PKEY = "leasekeeper_task_history_pkey"
 HISTORY_TASK = "leasekeeper_task_history_task"
 HISTORY_AGE = "leasekeeper_task_history_age"
+# The indexes namespace_stats counts from (migrations 0005_operations, 0009_namespace_stats).
+STATS_INDEXES = (
+    "leasekeeper_tasks_unswept",
+    "leasekeeper_tasks_expired",
+    "leasekeeper_tasks_quarantined",
+    "leasekeeper_task_history_recent",
+    "leasekeeper_effects_reserved",
+    TASKS_PKEY,
+)
 DEFAULTS = Settings.model_fields
 MAX_AGE = timedelta(seconds=DEFAULTS["history_max_age_s"].default)
 MAX_PER_TASK: int = DEFAULTS["history_max_per_task"].default
@@ -105,6 +123,16 @@ PRUNE_BUFFERS = {
 LISTED_NAMESPACES = len(namespaces())
 NAMESPACES_ROWS = LISTED_NAMESPACES * (NAMESPACE_COUNT_LIMIT + 3) + 10
 NAMESPACES_BUFFERS = LISTED_NAMESPACES * (NAMESPACE_COUNT_LIMIT + 1 + 30) + 40
+# namespace_stats probed with a count limit far below what the seeded namespace
+# holds of each (its live leases, announced expiries, reserved effects): its
+# scans (the unswept leases, the announced expiries, the quarantines, four
+# kinds of history entries, the reserved effects and their tasks' rows) each
+# read at most that limit and one more; per row read, its index entry and at
+# most its heap page, and a descent per scan and per task looked up.
+STATS_PROBE_LIMIT = 50
+STATS_SCANS = 9
+STATS_ROWS = STATS_SCANS * (STATS_PROBE_LIMIT + 1) + 10
+STATS_BUFFERS = STATS_SCANS * 2 * (STATS_PROBE_LIMIT + 1) + 3 * (STATS_PROBE_LIMIT + 1) + 60
 # Rows one execution's scans may read (returned or filtered out), on the same
 # grounds: a task's row and its effect's; each task of a batch; a page, or a
 # listing's scan budget; each live or unannounced lease twice; each entry past
@@ -196,6 +224,8 @@ def budget(probe: Probe) -> int:
     """The most shared buffers the probe's statement may touch at any table size."""
     if probe.statement == "list_namespaces":
         return NAMESPACES_BUFFERS
+    if probe.statement == "namespace_stats":
+        return STATS_BUFFERS
     if probe.grows_with == "the page":
         return PAGE_BUFFERS
     if probe.grows_with == "the batch":
@@ -211,6 +241,8 @@ def row_budget(probe: Probe) -> int:
     """The most rows the probe's statement's scans may read at any table size."""
     if probe.statement == "list_namespaces":
         return NAMESPACES_ROWS
+    if probe.statement == "namespace_stats":
+        return STATS_ROWS
     if probe.grows_with == "the page":
         return PAGE_ROWS
     if probe.grows_with == "the batch":
@@ -222,11 +254,11 @@ def row_budget(probe: Probe) -> int:
     return ONE_TASK_ROWS
 
 
-def rows_read(plan: dict[str, Any]) -> int:
-    """Rows the scans of an executed plan read from the tables: kept or filtered out."""
+def rows_read(plan: dict[str, Any], tables: tuple[str, ...] = TABLES) -> int:
+    """Rows the scans of an executed plan read from ``tables``: kept or filtered out."""
     total = 0.0
     for node in plan_nodes(plan):
-        if node.get("Relation Name") in TABLES and node["Node Type"].endswith("Scan"):
+        if node.get("Relation Name") in tables and node["Node Type"].endswith("Scan"):
             read = (
                 node["Actual Rows"]
                 + node.get("Rows Removed by Filter", 0)
@@ -367,6 +399,13 @@ async def run_probes(conn: asyncpg.Connection) -> list[Probe]:
             (namespaces()[1], PAGE, NAMESPACE_COUNT_LIMIT + 1),
             one,
             "the namespaces and the tasks each count reads",
+        ),
+        Probe(
+            "namespace_stats",
+            "namespace_stats",
+            (ns, STATS_PROBE_LIMIT + 1, STATS_WINDOW),
+            STATS_INDEXES,
+            "the rows each count reads, at most its limit",
         ),
         Probe(
             "list_history (a later page)",
@@ -545,3 +584,87 @@ async def test_list_namespaces_walks_the_primary_key_namespace_by_namespace(conn
     # No sort, no grouping of the table: each count is a plain aggregate of one namespace.
     assert not [node for node in nodes if node["Node Type"] in ("Sort", "Seq Scan")]
     assert {node.get("Strategy") for node in nodes if node["Node Type"] == "Aggregate"} <= {"Plain"}
+
+
+# The figures of statement namespace_stats, counted here the plain way: every
+# row of the namespace judged at the statement's own instant ($2), and the
+# scans' row counts (which rows the statement may read). Nothing writes to the
+# seeded database meanwhile, so both see the same rows.
+_STATS_TRUTH = """
+WITH t AS (SELECT *, state = 'held' AND expire_time > $2 AS live,
+                  max_attempts IS NOT NULL AND attempts + 1 >= max_attempts AS used_up
+           FROM leasekeeper_tasks WHERE namespace = $1),
+     h AS (SELECT kind FROM leasekeeper_task_history
+           WHERE namespace = $1 AND event_time > $2 - $3::interval),
+     e AS (SELECT e.*, coalesce(t.fence = e.fence AND t.live, false) AS live
+           FROM leasekeeper_effects e LEFT JOIN t ON t.task_id = e.task_id
+           WHERE e.namespace = $1 AND e.state = 'reserved')
+SELECT (SELECT count(*) FROM t WHERE live) AS leases_held,
+       (SELECT count(*) FROM t WHERE state = 'held' AND NOT live AND NOT used_up)
+           AS leases_expired,
+       (SELECT count(*) FROM t WHERE state = 'quarantined'
+                                  OR (state = 'held' AND NOT live AND used_up))
+           AS tasks_quarantined,
+       (SELECT count(*) FROM h WHERE kind = 'granted') AS claims_last_minute,
+       (SELECT count(*) FROM h WHERE kind = 'fence_refused') AS stale_fences_last_minute,
+       (SELECT count(*) FROM h WHERE kind IN ('expired', 'revoked'))
+           AS leases_lost_last_minute,
+       (SELECT count(*) FROM e WHERE NOT live) AS effects_in_doubt,
+       (SELECT count(*) FROM t WHERE state = 'held' AND expiry_announced_fence IS DISTINCT
+                                     FROM fence) AS unswept,
+       (SELECT count(*) FROM t WHERE state = 'held' AND expiry_announced_fence = fence)
+           AS announced,
+       (SELECT count(*) FROM t WHERE state = 'quarantined') AS stored_quarantined,
+       (SELECT count(*) FROM h WHERE kind IN ('granted', 'fence_refused', 'expired', 'revoked'))
+           AS recent,
+       (SELECT count(*) FROM e) AS reserved,
+       (SELECT count(*) FROM t) AS tasks
+"""
+
+
+async def test_namespace_stats_counts_right_and_reads_only_what_it_counts(conn):
+    """At the real limit, over the seeded namespace: the figures, and the rows read for them.
+
+    Each scan reads only the rows of its index that it counts (and a task's
+    row per reserved effect), so the rows read are the scans' rows, far fewer
+    than the namespace's tasks. The effects table is seeded small (an effect
+    for one task in ten) with a large share of this namespace's effects
+    reserved: for values that count them all, the planner may rightly read
+    it whole rather than its index (a custom plan); the generic plan, and the
+    probe whose limit stops every scan, read the index.
+    """
+    ns = next(p for p in await run_probes(conn) if p.statement == "namespace_stats").args[0]
+    sql = queries.load()["namespace_stats"]
+    args = (ns, STATS_COUNT_LIMIT + 1, STATS_WINDOW)
+    row = await conn.fetchrow(sql, *args)
+    truth = await conn.fetchrow(_STATS_TRUTH, ns, row["db_now"], STATS_WINDOW)
+    assert truth["tasks"] < STATS_COUNT_LIMIT  # every figure is exact, none capped
+    assert row["unswept_live"] == truth["leases_held"] > 0
+    assert row["unswept_expired"] + row["announced_expired"] == truth["leases_expired"] > 0
+    assert (
+        row["unswept_quarantined"] + row["stored_quarantined"]
+        == truth["tasks_quarantined"]
+        == QUARANTINED
+    )
+    assert row["granted"] == truth["claims_last_minute"]
+    assert row["refused"] == truth["stale_fences_last_minute"]
+    assert row["expired"] + row["revoked"] == truth["leases_lost_last_minute"]
+    assert row["in_doubt"] == truth["effects_in_doubt"]
+    assert row["reserved"] == truth["reserved"] > 0
+
+    # Per table: the rows its scans may read, counted or looked up.
+    scanned = {
+        "leasekeeper_tasks": truth["unswept"]
+        + truth["announced"]
+        + truth["stored_quarantined"]
+        + truth["reserved"],
+        "leasekeeper_task_history": truth["recent"],
+        "leasekeeper_effects": truth["reserved"],
+    }
+    assert sum(scanned.values()) < truth["tasks"] / 4
+    for generic in (False, True):
+        plan = (await explain(conn, sql, args, analyze=True, generic=generic))["Plan"]
+        checked = TABLES if generic else ("leasekeeper_tasks", "leasekeeper_task_history")
+        for table in checked:
+            read = rows_read(plan, (table,))
+            assert read <= scanned[table] + 5, (generic, table, read, scanned[table])

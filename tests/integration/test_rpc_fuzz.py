@@ -122,6 +122,7 @@ DOCUMENTED: dict[str, dict[grpc.StatusCode, frozenset[str]]] = {
     "GetLease": {NOT_FOUND: frozenset({"TASK_NOT_FOUND"})},
     "ListLeases": {},
     "ListNamespaces": {},
+    "GetNamespaceStats": {},
     "BeginEffect": {
         ABORTED: FENCE_LOSS | ENDED,
         FAILED_PRECONDITION: frozenset({"EFFECT_KEY_REUSED"}),

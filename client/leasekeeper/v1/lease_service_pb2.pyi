@@ -396,6 +396,48 @@ class ListNamespacesResponse(_message.Message):
     next_page_token: str
     def __init__(self, namespaces: _Optional[_Iterable[_Union[NamespaceSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
+class GetNamespaceStatsRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class GetNamespaceStatsResponse(_message.Message):
+    __slots__ = ("namespace", "as_of", "leases_held", "leases_held_capped", "leases_expired", "leases_expired_capped", "tasks_quarantined", "tasks_quarantined_capped", "claims_last_minute", "claims_last_minute_capped", "stale_fences_last_minute", "stale_fences_last_minute_capped", "leases_lost_last_minute", "leases_lost_last_minute_capped", "effects_in_doubt", "effects_in_doubt_capped")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_FIELD_NUMBER: _ClassVar[int]
+    LEASES_HELD_FIELD_NUMBER: _ClassVar[int]
+    LEASES_HELD_CAPPED_FIELD_NUMBER: _ClassVar[int]
+    LEASES_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    LEASES_EXPIRED_CAPPED_FIELD_NUMBER: _ClassVar[int]
+    TASKS_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    TASKS_QUARANTINED_CAPPED_FIELD_NUMBER: _ClassVar[int]
+    CLAIMS_LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    CLAIMS_LAST_MINUTE_CAPPED_FIELD_NUMBER: _ClassVar[int]
+    STALE_FENCES_LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    STALE_FENCES_LAST_MINUTE_CAPPED_FIELD_NUMBER: _ClassVar[int]
+    LEASES_LOST_LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    LEASES_LOST_LAST_MINUTE_CAPPED_FIELD_NUMBER: _ClassVar[int]
+    EFFECTS_IN_DOUBT_FIELD_NUMBER: _ClassVar[int]
+    EFFECTS_IN_DOUBT_CAPPED_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    as_of: _timestamp_pb2.Timestamp
+    leases_held: int
+    leases_held_capped: bool
+    leases_expired: int
+    leases_expired_capped: bool
+    tasks_quarantined: int
+    tasks_quarantined_capped: bool
+    claims_last_minute: int
+    claims_last_minute_capped: bool
+    stale_fences_last_minute: int
+    stale_fences_last_minute_capped: bool
+    leases_lost_last_minute: int
+    leases_lost_last_minute_capped: bool
+    effects_in_doubt: int
+    effects_in_doubt_capped: bool
+    def __init__(self, namespace: _Optional[str] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leases_held: _Optional[int] = ..., leases_held_capped: _Optional[bool] = ..., leases_expired: _Optional[int] = ..., leases_expired_capped: _Optional[bool] = ..., tasks_quarantined: _Optional[int] = ..., tasks_quarantined_capped: _Optional[bool] = ..., claims_last_minute: _Optional[int] = ..., claims_last_minute_capped: _Optional[bool] = ..., stale_fences_last_minute: _Optional[int] = ..., stale_fences_last_minute_capped: _Optional[bool] = ..., leases_lost_last_minute: _Optional[int] = ..., leases_lost_last_minute_capped: _Optional[bool] = ..., effects_in_doubt: _Optional[int] = ..., effects_in_doubt_capped: _Optional[bool] = ...) -> None: ...
+
 class Effect(_message.Message):
     __slots__ = ("namespace", "task_id", "effect_key", "policy", "request_digest", "state", "fence", "complete_fence", "retryable", "result", "attempts", "begin_time", "complete_time", "external_operation_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]

@@ -75,6 +75,11 @@ class LeaseServiceStub:
                 request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListNamespacesRequest.SerializeToString,
                 response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListNamespacesResponse.FromString,
                 _registered_method=True)
+        self.GetNamespaceStats = channel.unary_unary(
+                '/leasekeeper.v1.LeaseService/GetNamespaceStats',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.GetNamespaceStatsRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.GetNamespaceStatsResponse.FromString,
+                _registered_method=True)
         self.BeginEffect = channel.unary_unary(
                 '/leasekeeper.v1.LeaseService/BeginEffect',
                 request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.BeginEffectRequest.SerializeToString,
@@ -238,6 +243,25 @@ class LeaseServiceServicer:
         have a next page: read on until next_page_token is empty. The cost of a
         page follows the namespaces it passes and the tasks it counts (at most
         1001 a namespace), never the number of tasks in the database.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetNamespaceStats(self, request, context):
+        """A namespace's figures for an operator: leases held and expired, tasks
+        quarantined, claims, stale fences and lost leases in the last minute,
+        effects in doubt (see GetNamespaceStatsResponse). Read-only, in one
+        statement on the database clock. Each count reads at most 10000 rows of
+        an index kept for it (one more tells that there are more), so a call's
+        cost never follows the namespace's size or the table's. The role of
+        ListLeases (admin), for a namespace the token covers.
+
+        Errors:
+        INVALID_ARGUMENT   the namespace breaks the rules of ids (field
+        "namespace").
+        PERMISSION_DENIED  the token's role is not admin, or the token does
+        not cover the namespace.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -438,6 +462,11 @@ def add_LeaseServiceServicer_to_server(servicer, server):
                     servicer.ListNamespaces,
                     request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListNamespacesRequest.FromString,
                     response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ListNamespacesResponse.SerializeToString,
+            ),
+            'GetNamespaceStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetNamespaceStats,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.GetNamespaceStatsRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.GetNamespaceStatsResponse.SerializeToString,
             ),
             'BeginEffect': grpc.unary_unary_rpc_method_handler(
                     servicer.BeginEffect,
@@ -702,6 +731,33 @@ class LeaseService:
             '/leasekeeper.v1.LeaseService/ListNamespaces',
             leasekeeper_dot_v1_dot_lease__service__pb2.ListNamespacesRequest.SerializeToString,
             leasekeeper_dot_v1_dot_lease__service__pb2.ListNamespacesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetNamespaceStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasekeeper.v1.LeaseService/GetNamespaceStats',
+            leasekeeper_dot_v1_dot_lease__service__pb2.GetNamespaceStatsRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.GetNamespaceStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,6 +4,7 @@
 
     leasekeeper leases list [NS] [--state STATE | --expired] [--owner OWNER] [--limit N]
     leasekeeper leases get [NS] TASK_ID
+    leasekeeper leases stats [NS]
     leasekeeper effects list [NS] TASK_ID [--state STATE]
     leasekeeper tasks history [NS] TASK_ID [--limit N]
     leasekeeper tasks cancel [NS] TASK_ID --reason TEXT
@@ -62,6 +63,7 @@ DEFAULT_NAMESPACE = "default"
 SYNOPSIS = (
     "leases list [NS] [--state STATE | --expired] [--owner OWNER] [--limit N]",
     "leases get [NS] TASK_ID",
+    "leases stats [NS]",
     "effects list [NS] TASK_ID [--state STATE]",
     "tasks history [NS] TASK_ID [--limit N]",
     "tasks cancel [NS] TASK_ID --reason TEXT",
@@ -121,6 +123,17 @@ EFFECT_COLUMNS = (
     "result",
 )
 NAMESPACE_COLUMNS = ("namespace", "tasks")
+# A namespace's figures in `leases stats`, in the answer's order (each count
+# with its *_capped flag, shown as "N+").
+STATS_COUNTS = (
+    "leases_held",
+    "leases_expired",
+    "tasks_quarantined",
+    "claims_last_minute",
+    "stale_fences_last_minute",
+    "leases_lost_last_minute",
+    "effects_in_doubt",
+)
 # How many namespaces the hint of an empty `leases list` names.
 HINT_NAMESPACES = 10
 
@@ -336,6 +349,8 @@ def _task_count(summary: out.Record) -> str:
 async def _leases(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
     if args.leases_command == "get":
         return await _get(stub, args)
+    if args.leases_command == "stats":
+        return await _stats(stub, args)
     shown = 0
     if args.json:
         async for lease in _list_leases(stub, args):
@@ -383,6 +398,26 @@ async def _get(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
         print(out.to_json({**lease, "checkpoint": checkpoint}))
     else:
         print(out.details(out.task_shown(lease, checkpoint), TASK_FIELDS))
+    return out.EXIT_OK
+
+
+async def _stats(stub: pb_grpc.LeaseServiceStub, args: argparse.Namespace) -> int:
+    """``leases stats``: the namespace's figures, one per line (a count that stopped: ``N+``)."""
+    request = pb.GetNamespaceStatsRequest(namespace=args.namespace)
+    response = await stub.GetNamespaceStats(request, **_call_options(args))
+    stats = out.record_of(response)
+    if args.json:
+        print(out.to_json(stats))
+        return out.EXIT_OK
+    shown = {
+        "namespace": stats["namespace"],
+        "as_of": stats["as_of"],
+        **{
+            name: f"{stats[name]}+" if stats[f"{name}_capped"] else stats[name]
+            for name in STATS_COUNTS
+        },
+    }
+    print(out.details(shown))
     return out.EXIT_OK
 
 
@@ -683,7 +718,8 @@ def add_commands(commands: Any) -> None:
 
     leases = commands.add_parser(
         "leases",
-        help="inspect a namespace's tasks: leases list [NS], leases get [NS] TASK_ID",
+        help="inspect a namespace's tasks: leases list [NS], leases get [NS] TASK_ID, leases "
+        "stats [NS]",
         description="Inspect a namespace's tasks and their leases.",
         epilog=_OPERATOR_COMMANDS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -729,6 +765,22 @@ def add_commands(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_names(get, "task", "leases get", "")
+    stats = sub.add_parser(
+        "stats",
+        help="show a namespace's figures (admin)",
+        parents=[conn, ns],
+        description=_wrapped(
+            "Show a namespace's figures, read at one instant on the database clock (as_of): "
+            "leases held and expired, tasks quarantined, leases granted, stale fences refused "
+            "and leases lost in the last 60 seconds, effects in doubt (reserved by a fence that "
+            "is not the task's live lease: reconcile them). Each count stops at 10000; one "
+            "that stopped shows as N+ (at least N). Prints one figure per line; --json prints "
+            "one JSON object: namespace, as_of, and each count with its *_capped flag."
+        ),
+        epilog=_OPERATOR_COMMANDS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_names(stats, "namespace", "leases stats", "")
 
     effects = commands.add_parser(
         "effects", help="inspect a task's effects (effect ledger): effects list [NS] TASK_ID"

@@ -61,6 +61,15 @@ LIST_SCAN_BUDGET = 1000
 # cost never follows a namespace's size.
 NAMESPACE_COUNT_LIMIT = 1000
 
+# GetNamespaceStats counts each figure over at most this many rows (statement
+# namespace_stats reads one more, to know there are more): a call's cost never
+# follows the namespace's size. A figure that reached it is capped.
+STATS_COUNT_LIMIT = 10_000
+
+# GetNamespaceStats' "last minute": the history entries whose event_time is
+# this close before the read (database clock).
+STATS_WINDOW = timedelta(seconds=60)
+
 
 class TaskState(enum.StrEnum):
     """A task's state, as judged on the database clock."""
@@ -341,6 +350,122 @@ class NamespaceCount:
     namespace: str
     tasks: int
     capped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StatsScans:
+    """What one read of a namespace's figures found, scan by scan (statement ``namespace_stats``).
+
+    Each scan reads at most ``limit + 1`` rows of its index (``limit`` is the
+    count limit of :func:`namespace_stats`), so every number here is at most
+    ``limit + 1``; a scan that read ``limit + 1`` rows stopped before the end.
+
+    Attributes:
+        unswept: rows read of the namespace's unswept leases (row state
+            'held', expiry not announced: index ``leasekeeper_tasks_unswept``),
+            in task_id order. The next three are among them, judged at ``db_now``:
+        unswept_live: leases live (HELD).
+        unswept_expired: leases expired, the ending not using up the last
+            attempt (EXPIRED).
+        unswept_quarantined: leases expired whose ending uses up the last
+            attempt (QUARANTINED, not yet stored by the sweeper).
+        announced_expired: rows 'held' whose expiry the sweeper announced
+            (EXPIRED: its announcement stores a quarantine instead).
+        stored_quarantined: rows 'quarantined'.
+        granted: GRANTED history entries in the window.
+        refused: FENCE_REFUSED history entries in the window.
+        expired: EXPIRED history entries in the window.
+        revoked: REVOKED history entries in the window.
+        reserved: RESERVED effects read, in (task_id, effect_key) order.
+        in_doubt: those of them whose fence is not the task's live lease.
+        db_now: the instant the figures describe (the storage's clock).
+    """
+
+    unswept: int
+    unswept_live: int
+    unswept_expired: int
+    unswept_quarantined: int
+    announced_expired: int
+    stored_quarantined: int
+    granted: int
+    refused: int
+    expired: int
+    revoked: int
+    reserved: int
+    in_doubt: int
+    db_now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceStats:
+    """A namespace's figures at one instant (GetNamespaceStats).
+
+    Each count is at most the count limit; its ``*_capped`` flag says the
+    count stopped there, so the true figure is at least the count. The
+    first three are counted together over the unswept leases: past the
+    limit of those, all three are capped.
+
+    Attributes:
+        leases_held: tasks whose lease is live (HELD).
+        leases_expired: tasks whose lease expired and no claim took over (EXPIRED).
+        tasks_quarantined: tasks whose attempts are used up (QUARANTINED).
+        claims_last_minute: GRANTED history entries in the window.
+        stale_fences_last_minute: FENCE_REFUSED history entries in the window.
+        leases_lost_last_minute: EXPIRED and REVOKED history entries in the window.
+        effects_in_doubt: RESERVED effects whose fence is not the task's live lease.
+        as_of: when the figures were read (the storage's clock).
+    """
+
+    namespace: str
+    leases_held: int
+    leases_held_capped: bool
+    leases_expired: int
+    leases_expired_capped: bool
+    tasks_quarantined: int
+    tasks_quarantined_capped: bool
+    claims_last_minute: int
+    claims_last_minute_capped: bool
+    stale_fences_last_minute: int
+    stale_fences_last_minute_capped: bool
+    leases_lost_last_minute: int
+    leases_lost_last_minute_capped: bool
+    effects_in_doubt: int
+    effects_in_doubt_capped: bool
+    as_of: datetime
+
+
+def namespace_stats(
+    namespace: str, scans: StatsScans, limit: int = STATS_COUNT_LIMIT
+) -> NamespaceStats:
+    """The figures of ``scans`` (each read at most ``limit + 1`` rows), each capped at ``limit``.
+
+    A figure is capped when a scan it is counted from stopped before the end
+    (read ``limit + 1`` rows), or when its count passes ``limit``. The one
+    rule, applied to the PostgreSQL statement's scans and to the in-memory
+    store's alike.
+    """
+
+    def figure(count: int, *scanned: int) -> tuple[int, bool]:
+        return min(count, limit), count > limit or any(n > limit for n in scanned)
+
+    held = figure(scans.unswept_live, scans.unswept)
+    expired = figure(scans.unswept_expired + scans.announced_expired, scans.unswept)
+    quarantined = figure(scans.unswept_quarantined + scans.stored_quarantined, scans.unswept)
+    claims = figure(scans.granted)
+    refused = figure(scans.refused)
+    lost = figure(scans.expired + scans.revoked)
+    in_doubt = figure(scans.in_doubt, scans.reserved)
+    return NamespaceStats(
+        namespace,
+        *held,
+        *expired,
+        *quarantined,
+        *claims,
+        *refused,
+        *lost,
+        *in_doubt,
+        as_of=scans.db_now,
+    )
 
 
 @dataclass(frozen=True, slots=True)

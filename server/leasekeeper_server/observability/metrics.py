@@ -152,6 +152,7 @@ LEASE_METHODS = (
     "GetLease",
     "ListLeases",
     "ListNamespaces",
+    "GetNamespaceStats",
     "BeginEffect",
     "CompleteEffect",
     "ListEffects",

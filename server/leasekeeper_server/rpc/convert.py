@@ -15,6 +15,7 @@ from leasekeeper_server.core.model import (
     Lease,
     LossReason,
     NamespaceCount,
+    NamespaceStats,
     TaskState,
 )
 
@@ -132,6 +133,28 @@ def namespace_summary(counted: NamespaceCount) -> pb.NamespaceSummary:
         namespace=counted.namespace,
         task_count=counted.tasks,
         task_count_capped=counted.capped,
+    )
+
+
+def namespace_stats(stats: NamespaceStats) -> pb.GetNamespaceStatsResponse:
+    """The GetNamespaceStats answer of a namespace's figures (the same names, field by field)."""
+    return pb.GetNamespaceStatsResponse(
+        namespace=stats.namespace,
+        as_of=timestamp(stats.as_of),
+        leases_held=stats.leases_held,
+        leases_held_capped=stats.leases_held_capped,
+        leases_expired=stats.leases_expired,
+        leases_expired_capped=stats.leases_expired_capped,
+        tasks_quarantined=stats.tasks_quarantined,
+        tasks_quarantined_capped=stats.tasks_quarantined_capped,
+        claims_last_minute=stats.claims_last_minute,
+        claims_last_minute_capped=stats.claims_last_minute_capped,
+        stale_fences_last_minute=stats.stale_fences_last_minute,
+        stale_fences_last_minute_capped=stats.stale_fences_last_minute_capped,
+        leases_lost_last_minute=stats.leases_lost_last_minute,
+        leases_lost_last_minute_capped=stats.leases_lost_last_minute_capped,
+        effects_in_doubt=stats.effects_in_doubt,
+        effects_in_doubt_capped=stats.effects_in_doubt_capped,
     )
 
 

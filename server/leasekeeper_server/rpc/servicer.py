@@ -237,6 +237,14 @@ class LeaseServicer:
         )
 
     @unary
+    async def GetNamespaceStats(
+        self, request: pb.GetNamespaceStatsRequest, context: Any
+    ) -> pb.GetNamespaceStatsResponse:
+        """A namespace's figures now: one read-only statement, each count bounded (the proto)."""
+        namespace = validate.identifier("namespace", request.namespace, self._settings.max_id_bytes)
+        return convert.namespace_stats(await self._store.namespace_stats(namespace))
+
+    @unary
     async def BeginEffect(
         self, request: pb.BeginEffectRequest, context: Any
     ) -> pb.BeginEffectResponse:
@@ -370,6 +378,9 @@ def method_handlers(servicer: LeaseServicer) -> grpc.GenericRpcHandler:
         "ListLeases": unary_handler("ListLeases", pb.ListLeasesRequest, pb.ListLeasesResponse),
         "ListNamespaces": unary_handler(
             "ListNamespaces", pb.ListNamespacesRequest, pb.ListNamespacesResponse
+        ),
+        "GetNamespaceStats": unary_handler(
+            "GetNamespaceStats", pb.GetNamespaceStatsRequest, pb.GetNamespaceStatsResponse
         ),
         "BeginEffect": unary_handler("BeginEffect", pb.BeginEffectRequest, pb.BeginEffectResponse),
         "CompleteEffect": unary_handler(

@@ -3,7 +3,8 @@
 ``admin`` may call every RPC; ``worker`` and ``effect`` may call the methods
 listed in ``ROLE_METHODS`` (the proto's "Access:" table). A principal covers
 the namespaces its patterns match: exact, ``*``, or a prefix ending in ``*``.
-ListLeases and ListNamespaces, the operators' listings, are admin's alone.
+ListLeases, ListNamespaces and GetNamespaceStats, the operators' listings and
+figures, are admin's alone.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ It takes the same decisions as the PostgreSQL statements of
   the task; retry puts a quarantined task back with its attempts at 0;
 * list_leases: state and owner filters, keyset paging, the same scan budget;
   list_namespaces: keyset paging, task counts up to the same limit;
+  namespace_stats: the same scans, each stopped at the same limit, in the
+  same order, their figures capped by the same rule;
 * the effect ledger: ``core/effect_rules.py``'s pure rules (reused, not
   rewritten), behind ``core/model.fence_loss``; an outcome and a checkpoint
   saved together are both kept or neither;
@@ -74,6 +76,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from leasekeeper_server.core.effect_rules import Effect, EffectKey, EffectState
 from leasekeeper_server.core.errors import (
     CheckpointNotNewer,
     LeaseLost,
@@ -85,6 +88,8 @@ from leasekeeper_server.core.limits import NO_LIMITS, NamespaceLimits
 from leasekeeper_server.core.model import (
     LIST_SCAN_BUDGET,
     NAMESPACE_COUNT_LIMIT,
+    STATS_COUNT_LIMIT,
+    STATS_WINDOW,
     Checkpoint,
     CheckpointWrite,
     ClaimOutcome,
@@ -93,8 +98,11 @@ from leasekeeper_server.core.model import (
     LeaseRef,
     LossReason,
     NamespaceCount,
+    NamespaceStats,
+    StatsScans,
     TaskKey,
     TaskState,
+    namespace_stats,
     owner_loss,
     release_refusal,
 )
@@ -148,6 +156,9 @@ class MemoryStore:
         self._rows: dict[TaskKey, TaskRow] = {}
         self._limits = MemoryLimits()
         self._history = MemoryHistory()
+        # The rows of leasekeeper_effects: a MemoryLedger over this store writes
+        # them (memory_ledger.LedgerTasks), namespace_stats reads them.
+        self.effects: dict[EffectKey, Effect] = {}
 
     def now(self) -> datetime:
         """The storage's clock (timezone-aware).
@@ -508,6 +519,60 @@ class MemoryStore:
             )
             for namespace in sorted(counts)[:limit]
         ]
+
+    async def namespace_stats(
+        self, namespace: str, limit: int = STATS_COUNT_LIMIT
+    ) -> NamespaceStats:
+        """A namespace's figures (``protocol.LeaseStore.namespace_stats``; SQL namespace_stats).
+
+        The statement's scans, each in its index's order and stopped after
+        ``limit + 1`` rows, judged at one reading of the clock.
+        """
+        await asyncio.sleep(0)
+        now = self.now()
+        read = limit + 1
+        # Python orders str by code point, which is UTF-8 byte order: COLLATE "C".
+        rows = sorted(
+            (row for row in self._rows.values() if row.namespace == namespace),
+            key=lambda row: row.task_id,
+        )
+        unswept = [
+            row.lease(now).state
+            for row in rows
+            if row.state == "held" and row.expiry_announced_fence != row.fence
+        ][:read]
+        announced = [r for r in rows if r.state == "held" and r.expiry_announced_fence == r.fence]
+        stored = [row for row in rows if row.state == "quarantined"]
+        recent = [entry.kind for entry in self._history.since(namespace, now - STATS_WINDOW)]
+        reserved = sorted(
+            (
+                effect
+                for effect in self.effects.values()
+                if effect.namespace == namespace and effect.state is EffectState.RESERVED
+            ),
+            key=lambda effect: (effect.task_id, effect.effect_key),
+        )[:read]
+
+        def live_fence(effect: Effect) -> bool:
+            task = self.read(TaskKey(namespace, effect.task_id))
+            return task is not None and task.fence == effect.fence and task.state is TaskState.HELD
+
+        scans = StatsScans(
+            unswept=len(unswept),
+            unswept_live=unswept.count(TaskState.HELD),
+            unswept_expired=unswept.count(TaskState.EXPIRED),
+            unswept_quarantined=unswept.count(TaskState.QUARANTINED),
+            announced_expired=min(len(announced), read),
+            stored_quarantined=min(len(stored), read),
+            granted=min(recent.count("granted"), read),
+            refused=min(recent.count("fence_refused"), read),
+            expired=min(recent.count("expired"), read),
+            revoked=min(recent.count("revoked"), read),
+            reserved=len(reserved),
+            in_doubt=sum(not live_fence(effect) for effect in reserved),
+            db_now=now,
+        )
+        return namespace_stats(namespace, scans, limit)
 
     def _existing(self, key: TaskKey) -> TaskRow:
         row = self._rows.get(key)

@@ -3,7 +3,8 @@
 The entries are those the triggers of ``migrations/0008_runs.sql`` write
 (grants, endings, checkpoints, effects) and ``record_refusal``'s; the
 in-memory store and ledger write them (``MemoryStore.write_history``) when
-they commit a change, and ``MemoryStore.list_history`` reads them.
+they commit a change, and ``MemoryStore.list_history`` and
+``MemoryStore.namespace_stats`` read them.
 """
 
 from __future__ import annotations
@@ -53,3 +54,16 @@ class MemoryHistory:
     def of(self, key: TaskKey) -> list[HistoryEntry]:
         """Every entry of the task, oldest first."""
         return list(self._entries.get(key, []))
+
+    def since(self, namespace: str, after: datetime) -> list[HistoryEntry]:
+        """The namespace's entries whose event_time is after ``after``, in sequence order."""
+        return sorted(
+            (
+                entry
+                for key, entries in self._entries.items()
+                if key.namespace == namespace
+                for entry in entries
+                if entry.event_time > after
+            ),
+            key=lambda entry: entry.sequence,
+        )

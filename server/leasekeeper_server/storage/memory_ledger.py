@@ -42,6 +42,10 @@ from leasekeeper_server.core.model import (
 class LedgerTasks(Protocol):
     """What the ledger needs of the store that holds the tasks (``memory.MemoryStore``)."""
 
+    # The rows of leasekeeper_effects, kept by the store as the database keeps
+    # both tables: the ledger writes them, the store's namespace_stats reads them.
+    effects: dict[EffectKey, Effect]
+
     def now(self) -> datetime:
         """The storage's clock (timezone-aware)."""
         ...
@@ -73,7 +77,7 @@ class MemoryLedger:
 
     def __init__(self, store: LedgerTasks) -> None:
         self._store = store
-        self._records: dict[EffectKey, Effect] = {}
+        self._records = store.effects
 
     def _check_fence(self, key: EffectKey, fence: int) -> None:
         """Raises LeaseLost (ABORTED) unless ``fence`` may act on the task now."""

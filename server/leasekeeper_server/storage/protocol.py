@@ -4,7 +4,8 @@
 against these three shapes, not against PostgreSQL:
 
 * :class:`LeaseStore` — the lease decisions (claim, renew, release, revoke)
-  and the reads (one task, a page of a namespace, a page of namespaces);
+  and the reads (one task, a page of a namespace, a page of namespaces, a
+  namespace's figures);
 * :class:`EffectStore` — the effect ledger (BeginEffect, CompleteEffect,
   ListEffects);
 * :class:`ChangeFeed` — the doorbell rung on every committed change of a
@@ -52,6 +53,7 @@ from leasekeeper_server.core.effect_rules import (
 )
 from leasekeeper_server.core.limits import NO_LIMITS, NamespaceLimits
 from leasekeeper_server.core.model import (
+    STATS_COUNT_LIMIT,
     Checkpoint,
     CheckpointWrite,
     ClaimOutcome,
@@ -60,6 +62,7 @@ from leasekeeper_server.core.model import (
     LeaseRef,
     LossReason,
     NamespaceCount,
+    NamespaceStats,
     TaskKey,
     TaskState,
 )
@@ -242,6 +245,28 @@ class LeaseStore(Protocol):
         layer leaves out those the caller's token does not cover). A call
         reads one index descent per namespace it passes and at most
         ``NAMESPACE_COUNT_LIMIT + 1`` tasks of each (SQL ``list_namespaces``).
+        """
+        ...
+
+    async def namespace_stats(
+        self, namespace: str, limit: int = STATS_COUNT_LIMIT
+    ) -> NamespaceStats:
+        """A namespace's figures at one instant of the storage's clock (GetNamespaceStats).
+
+        Read-only, at one instant (``as_of``): the tasks HELD, EXPIRED and
+        QUARANTINED (``Lease.state``); the GRANTED, FENCE_REFUSED, and
+        EXPIRED plus REVOKED history entries whose event_time is within
+        ``STATS_WINDOW`` before it; the RESERVED effects whose fence is not
+        the task's live lease (the fence is not the task's current one, or its
+        lease is not HELD). A namespace without tasks has every count 0.
+
+        Each scan reads at most ``limit + 1`` rows, in its index's order:
+        the unswept leases (row state 'held', expiry not announced) by
+        task_id, the announced expiries and the stored quarantines by
+        task_id, each kind of history entry by event_time, the reserved
+        effects by (task_id, effect_key); ``core.model.namespace_stats``
+        caps the figures from them (SQL ``namespace_stats``). The cost never
+        follows the namespace's size.
         """
         ...
 

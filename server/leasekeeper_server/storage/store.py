@@ -41,6 +41,8 @@ from leasekeeper_server.core.limits import NO_LIMITS, NamespaceLimits, refill, w
 from leasekeeper_server.core.model import (
     LIST_SCAN_BUDGET,
     NAMESPACE_COUNT_LIMIT,
+    STATS_COUNT_LIMIT,
+    STATS_WINDOW,
     ZERO,
     Checkpoint,
     CheckpointWrite,
@@ -50,11 +52,14 @@ from leasekeeper_server.core.model import (
     LeaseRef,
     LossReason,
     NamespaceCount,
+    NamespaceStats,
+    StatsScans,
     TaskKey,
     TaskState,
     checkpoint_from_row,
     history_from_row,
     lease_from_row,
+    namespace_stats,
     owner_loss,
     release_refusal,
 )
@@ -697,6 +702,24 @@ class Store:
             )
             for r in rows
         ]
+
+    async def namespace_stats(
+        self, namespace: str, limit: int = STATS_COUNT_LIMIT
+    ) -> NamespaceStats:
+        """A namespace's figures at one instant (GetNamespaceStats), each counted up to ``limit``.
+
+        One read-only statement (``namespace_stats``): each of its scans reads
+        at most ``limit + 1`` rows of an index kept for it, so its cost never
+        follows the namespace's size (``core.model.namespace_stats`` caps the
+        figures).
+
+        Raises:
+            DatabaseUnavailable: UNAVAILABLE.
+        """
+        row = await self._fetchrow("namespace_stats", namespace, limit + 1, STATS_WINDOW)
+        assert row is not None  # an aggregate over one-row subqueries: always one row
+        scans = StatsScans(**{name: row[name] for name in StatsScans.__dataclass_fields__})
+        return namespace_stats(namespace, scans, limit)
 
     async def revoke(self, key: TaskKey, reason: str, fence: int) -> tuple[bool, Lease]:
         """Ends the task's lease now (an operator's call); the task becomes FREE.

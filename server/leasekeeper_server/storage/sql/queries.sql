@@ -269,6 +269,87 @@ FROM ns
 WHERE ns.namespace IS NOT NULL
 LIMIT $2::int;
 
+-- name: namespace_stats
+-- A namespace's figures (GetNamespaceStats; core/model.py StatsScans), read
+-- at one instant (db_now, read once) in one statement. Each scan reads at
+-- most $2 rows (the count limit and one more, to know there are more) of an
+-- index whose rows are what it counts, in that index's order, so a call's
+-- cost follows its counts (at most nine scans of $2 rows), never the
+-- namespace's size or the table's. The indexes:
+--   the unswept leases (migrations/0005_operations.sql): live, or expired and
+--     not yet announced; judged at db_now: HELD, EXPIRED, or QUARANTINED when
+--     the ending uses up the last attempt;
+--   leasekeeper_tasks_expired (migrations/0009_namespace_stats.sql): rows
+--     'held' whose expiry the sweeper announced (EXPIRED: when that ending
+--     used up the last attempt, the sweeper stored 'quarantined' instead);
+--   leasekeeper_tasks_quarantined (0009): rows 'quarantined';
+--   leasekeeper_task_history_recent (0009): the GRANTED, FENCE_REFUSED,
+--     EXPIRED and REVOKED entries by namespace, kind and event_time: one
+--     range per kind. The kind comes from the VALUES list, so no other
+--     partial index's predicate (FENCE_REFUSED's, of 0008) can be proved
+--     from the query and taken instead; the IN list proves this one's. The
+--     window starts $3 before db_now, given as a scalar subquery so that it
+--     bounds the index scan (clock_timestamp() is volatile: compared directly
+--     it would filter every entry instead);
+--   leasekeeper_effects_reserved (0009): the RESERVED effects with their
+--     fence, each with one lookup of its task's row by primary key (a
+--     subquery per effect, never a join the planner could turn into a scan
+--     of the namespace's tasks).
+WITH c AS MATERIALIZED (SELECT clock_timestamp() AS db_now),
+recent AS MATERIALIZED (
+    SELECT k.kind, n.entries
+    FROM (VALUES ('granted'), ('fence_refused'), ('expired'), ('revoked')) AS k(kind),
+         LATERAL (SELECT count(*) AS entries
+                  FROM (SELECT FROM leasekeeper_task_history h
+                        WHERE h.namespace = $1::text AND h.kind = k.kind
+                          AND h.kind IN ('granted', 'fence_refused', 'expired', 'revoked')
+                          AND h.event_time > (SELECT db_now - $3::interval FROM c)
+                        ORDER BY h.event_time
+                        LIMIT $2::int) h) n
+)
+SELECT c.db_now,
+       u.unswept, u.unswept_live, u.unswept_expired, u.unswept_quarantined,
+       (SELECT count(*) FROM (SELECT FROM leasekeeper_tasks t
+                              WHERE t.namespace = $1::text AND t.state = 'held'
+                                AND t.expiry_announced_fence = t.fence
+                              ORDER BY t.task_id
+                              LIMIT $2::int) x) AS announced_expired,
+       (SELECT count(*) FROM (SELECT FROM leasekeeper_tasks t
+                              WHERE t.namespace = $1::text AND t.state = 'quarantined'
+                              ORDER BY t.task_id
+                              LIMIT $2::int) x) AS stored_quarantined,
+       (SELECT entries FROM recent WHERE kind = 'granted') AS granted,
+       (SELECT entries FROM recent WHERE kind = 'fence_refused') AS refused,
+       (SELECT entries FROM recent WHERE kind = 'expired') AS expired,
+       (SELECT entries FROM recent WHERE kind = 'revoked') AS revoked,
+       e.reserved, e.in_doubt
+FROM c,
+     LATERAL (
+         SELECT count(*) AS unswept,
+                count(*) FILTER (WHERE {{lease_is_live:c.db_now}}) AS unswept_live,
+                count(*) FILTER (WHERE NOT {{lease_is_live:c.db_now}}
+                                   AND NOT {{attempt_used_up}}) AS unswept_expired,
+                count(*) FILTER (WHERE NOT {{lease_is_live:c.db_now}}
+                                   AND {{attempt_used_up}}) AS unswept_quarantined
+         FROM (SELECT t.state, t.expire_time, t.attempts, t.max_attempts
+               FROM leasekeeper_tasks t
+               WHERE t.namespace = $1::text AND t.state = 'held'
+                 AND t.expiry_announced_fence IS DISTINCT FROM t.fence
+               ORDER BY t.task_id
+               LIMIT $2::int) t
+     ) u,
+     LATERAL (
+         SELECT count(*) AS reserved, count(*) FILTER (WHERE NOT r.live) AS in_doubt
+         FROM (SELECT coalesce((SELECT t.fence = e.fence AND {{lease_is_live:c.db_now}}
+                                FROM leasekeeper_tasks t
+                                WHERE t.namespace = e.namespace AND t.task_id = e.task_id),
+                               false) AS live
+               FROM leasekeeper_effects e
+               WHERE e.namespace = $1::text AND e.state = 'reserved'
+               ORDER BY e.task_id, e.effect_key
+               LIMIT $2::int) r
+     ) e;
+
 -- name: lock_lease
 -- Takes a share lock on the task's row, then reads the row and the clock.
 -- Claims, renewals and releases update the row, so they wait until the
