@@ -153,6 +153,7 @@ class LeaseClient:
                 rather than call credentials, so it works on a plaintext
                 loopback channel and on a ``channel`` given by the caller).
                 None: the ``LEASEKEEPER_TOKEN`` environment variable, if set.
+                ``""``: no token, whatever the environment says.
                 A server with authentication on answers calls without a valid
                 token UNAUTHENTICATED, and calls outside the token's role or
                 namespaces PERMISSION_DENIED (both raised as ``LeaseError``).
