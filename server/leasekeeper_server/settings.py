@@ -293,6 +293,33 @@ class Settings(BaseSettings):
         description="PEM CA certificates for mutual TLS: set, clients must present a "
         "certificate they sign; reloaded.",
     )
+    console_listen: str = Field(
+        default="127.0.0.1:9460",
+        description="The operator console (a web app in the browser) on host:port (port 0: "
+        "any free port), served by `serve` beside the gRPC port and logged at start "
+        "(`leasekeeper console on http://HOST:PORT/`); `off` or empty: no console. It calls "
+        "this server's gRPC port on loopback with each viewer's token, so a server whose "
+        "gRPC port uses TLS starts no console (run `leasekeeper console` instead). Off "
+        "loopback it needs console_tls_cert_file and console_tls_key_file, or "
+        "console_insecure: otherwise `serve` exits 2. When this default address is taken "
+        "`serve` starts without a console (a warning); an address set explicitly that is "
+        "taken stops the start (exit 1). With `serve --workers N` the supervising process "
+        "serves the one console, calling the shared port.",
+    )
+    console_tls_cert_file: Path | None = Field(
+        default=None,
+        description="PEM certificate chain for HTTPS on the console's port (read at start); "
+        "the console's session cookie is then marked Secure.",
+    )
+    console_tls_key_file: Path | None = Field(
+        default=None, description="PEM private key of console_tls_cert_file (read at start)."
+    )
+    console_insecure: bool = Field(
+        default=False,
+        description="Allow the console over plain HTTP on an address that is not loopback "
+        "(logged as a warning at start): sign-in tokens and session cookies then travel in "
+        "clear text. Only behind a proxy that adds TLS, or on a trusted network.",
+    )
 
     @field_validator("listen", "health_listen", "metrics_listen")
     @classmethod
@@ -304,6 +331,16 @@ class Settings(BaseSettings):
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"{value!r} is not host:port with a port in 0..65535")
         return value
+
+    @field_validator("console_listen")
+    @classmethod
+    def _check_console_listen(cls, value: str) -> str:
+        """``off`` or empty (no console), else host:port as the other listen addresses."""
+        if value.strip().lower() in ("", "off"):
+            return "off"
+        checked = cls._check_address(value)
+        assert checked is not None
+        return checked
 
     @field_validator("database_url")
     @classmethod
@@ -326,4 +363,6 @@ class Settings(BaseSettings):
             raise ValueError("need both tls_cert_file and tls_key_file, or neither")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
+        if (self.console_tls_cert_file is None) != (self.console_tls_key_file is None):
+            raise ValueError("need both console_tls_cert_file and console_tls_key_file, or neither")
         return self

@@ -3,7 +3,10 @@
 ::
 
     leasekeeper --version             print the installed version
-    leasekeeper serve [--workers N]   start the service (embedded PostgreSQL if no URL is set)
+    leasekeeper serve [--workers N]   start the service (embedded PostgreSQL if no URL is set),
+                                      and its operator console (console_listen)
+    leasekeeper console [--target HOST:PORT] [--listen HOST:PORT] [--token TOKEN]
+                                      the operator console alone, calling a running server
     leasekeeper migrate               apply the schema migrations and exit
     leasekeeper leases list [NS] [--state STATE | --expired] [--owner OWNER] [--limit N]
     leasekeeper leases get [NS] TASK_ID
@@ -23,7 +26,11 @@ call a running server at ``--target`` (``$LEASEKEEPER_TARGET``) with
 ``--token`` (``$LEASEKEEPER_TOKEN``) and need only the thin client; their
 namespace comes first (``[NS]``, default ``default``) or with ``-n NS``.
 ``tokens`` and ``limits`` write the database directly, found as ``migrate``
-finds it. Listings print aligned tables by default (instants ISO 8601 UTC,
+finds it. ``console`` serves the operator console (a web app) for the
+server at ``--target`` (cli/console.py); ``serve`` serves the same console
+beside its gRPC port (``LEASEKEEPER_CONSOLE_LISTEN``, 127.0.0.1:9460 by
+default; ``off`` for none) and logs ``leasekeeper console on URL``.
+Listings print aligned tables by default (instants ISO 8601 UTC,
 durations in seconds). Every command that prints a result takes ``--json``:
 JSON Lines, exactly one JSON object per line on standard output and nothing
 else (keys the proto's field names, or the table's columns); notes and
@@ -42,7 +49,8 @@ failure and each note reported in one line on standard error:
   setting (a ``database_url`` asyncpg cannot parse included), a database that
   refuses the connection for good (PostgreSQL's message: an unknown role, a
   wrong password, a missing database; ``serve``: a pooler in transaction or
-  statement mode). Retrying or restarting cannot help. ``serve --workers``
+  statement mode), a console address off loopback without HTTPS or
+  ``LEASEKEEPER_CONSOLE_INSECURE``. Retrying or restarting cannot help. ``serve --workers``
   says each of these once, as ``serve`` does.
 - 3: done, and it changed nothing (``nothing changed: WHY`` on standard
   error; the result is printed as for a change): ``revoke`` of a task that
@@ -97,7 +105,12 @@ def _check_listen_free(settings: Settings) -> None:
     """
     from leasekeeper_server.cli.supervisor import check_free
 
-    for name in LISTEN_SETTINGS:
+    names = list(LISTEN_SETTINGS)
+    # The console's address only when set explicitly: the default one, taken
+    # (by another server's console), leaves this server without a console.
+    if settings.console_listen != "off" and "console_listen" in settings.model_fields_set:
+        names.append("console_listen")
+    for name in names:
         listen = getattr(settings, name)
         if listen:
             try:
@@ -109,6 +122,7 @@ def _check_listen_free(settings: Settings) -> None:
 
 async def _serve(settings: Settings) -> int:
     from leasekeeper_server.app import resolve_database
+    from leasekeeper_server.console.serving import serve_beside
 
     dsn, embedded = resolve_database(settings)
     try:
@@ -121,10 +135,18 @@ async def _serve(settings: Settings) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        try:
+            console = await serve_beside(settings, settings.listen, port)
+        except ValueError as exc:  # the console's certificate or key
+            log.error("cannot start: %s", exc)
+            await server.stop(0)
+            return 2
         host = settings.listen.rpartition(":")[0]
         print(f"leasekeeper listening on {host}:{port}", flush=True)
         await stop.wait()
         log.info("signal received: draining (grace %.1f s)", settings.shutdown_grace_s)
+        if console is not None:
+            await console.stop()
         await server.stop()
         return 0
     finally:
@@ -179,7 +201,8 @@ exit codes:
        refusal (FAILED_PRECONDITION, NOT_FOUND), an unknown token id, a database or
        server out of reach, a listen address in use
   2    can never work as given: a usage error, an invalid LEASEKEEPER_* setting, a
-       database that refuses the connection for good
+       database that refuses the connection for good, a console address off loopback
+       without HTTPS or LEASEKEEPER_CONSOLE_INSECURE
   3    done, and changed nothing (said on stderr): revoke of a task holding no lease
        to revoke, tasks cancel of a cancelled task, limits set of the values already
        set, limits clear of limits not set, tokens revoke of a revoked token
@@ -190,6 +213,7 @@ exit codes:
 def _epilog() -> str:
     """The top-level help's end: every command's synopsis, output, and the exit codes."""
     from leasekeeper_server.cli import admin as cli_admin
+    from leasekeeper_server.cli import console as cli_console
     from leasekeeper_server.cli import remote as cli_remote
 
     lines = [
@@ -198,7 +222,7 @@ def _epilog() -> str:
         "  migrate",
         *(
             "  " + synopsis.replace("\n", "\n  ")
-            for synopsis in (*cli_remote.SYNOPSIS, *cli_admin.SYNOPSIS)
+            for synopsis in (*cli_remote.SYNOPSIS, *cli_admin.SYNOPSIS, *cli_console.SYNOPSIS)
         ),
         "",
         "NS is a namespace (default: default), first or with -n NS. Listings print aligned",
@@ -213,6 +237,7 @@ def _epilog() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The command-line grammar."""
     from leasekeeper_server.cli import admin as cli_admin
+    from leasekeeper_server.cli import console as cli_console
     from leasekeeper_server.cli import remote as cli_remote
 
     parser = argparse.ArgumentParser(
@@ -223,7 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="start the service")
+    serve = commands.add_parser(
+        "serve",
+        help="start the service, and its operator console (LEASEKEEPER_CONSOLE_LISTEN)",
+    )
     serve.add_argument(
         "--workers",
         type=_worker_count,
@@ -245,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Options after the verb, as the README shows: `leases list -n NS --target ADDR`.
     cli_remote.add_commands(commands)
     cli_admin.add_commands(commands)
+    cli_console.add_command(commands)
     return parser
 
 
@@ -297,6 +326,10 @@ def _command(argv: Sequence[str] | None) -> int:
         )
         return 2
     configure_logging(settings)
+    if args.command == "console":  # no database: a client of a running server
+        from leasekeeper_server.cli import console as cli_console
+
+        return cli_console.run(settings, args)
     from leasekeeper_server.core.errors import DatabaseUnavailable
 
     try:
@@ -317,6 +350,18 @@ def _database_command(settings: Settings, args: argparse.Namespace) -> int:
         if args.workers is not None:
             settings = settings.model_copy(update={"workers": args.workers})
         # Before the database is touched, with workers or without.
+        from leasekeeper_server.console.serving import check_tls_files, settings_problem
+
+        problem = settings_problem(settings)
+        cert, key = settings.console_tls_cert_file, settings.console_tls_key_file
+        if problem is None and cert is not None and key is not None:
+            try:
+                check_tls_files(cert, key)
+            except ValueError as exc:
+                problem = str(exc)
+        if problem is not None:
+            print(f"leasekeeper: {problem}", file=sys.stderr)
+            return 2
         try:
             _check_listen_free(settings)
         except OSError as exc:

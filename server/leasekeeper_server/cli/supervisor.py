@@ -24,6 +24,12 @@ Between supervisor and worker, two pipes: the worker writes one line,
 to the other, whose end of file tells the worker the supervisor is gone (it
 drains and exits, so no worker outlives it).
 
+The operator console (``console_listen``) is served by the supervisor
+itself, not by a worker: one console whatever N, started once all N
+serve, calling the shared port on loopback (so any worker answers it, and
+it outlives a worker's restart), stopped on SIGTERM or SIGINT while the
+workers drain. The workers serve none.
+
 Lifecycle: when all N serve, the supervisor logs ``leasekeeper serving on
 HOST:PORT (port PORT) with N workers`` and prints ``leasekeeper listening on
 HOST:PORT``. A worker that fails before that stops the start: the others are
@@ -52,6 +58,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from leasekeeper_server.console.serving import ConsoleServer
     from leasekeeper_server.settings import Settings
 
 log = logging.getLogger("leasekeeper_server.cli.supervisor")  # the same name in a worker (__main__)
@@ -298,6 +305,8 @@ class Supervisor:
         self._announced = False
         self._stop = asyncio.Event()  # set by SIGTERM/SIGINT, or by a worker that cannot start
         self._failure: str | None = None
+        self._serving = asyncio.Event()  # set once all N serve
+        self._console: ConsoleServer | None = None
 
     async def run(self) -> int:
         """Serves until SIGTERM/SIGINT or a worker that cannot start; returns the exit status."""
@@ -308,11 +317,17 @@ class Supervisor:
             asyncio.create_task(self._slot(k), name=f"leasekeeper-worker-{k}")
             for k in range(self.count)
         ]
+        console = asyncio.create_task(self._run_console(), name="leasekeeper-console-start")
         await self._stop.wait()
         if self._failure is None:
             log.info("signal received: stopping %d workers", self.count)
         for worker in self._workers.values():
             worker.send(signal.SIGTERM)
+        console.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await console
+        if self._console is not None:
+            await self._console.stop()
         deadline_s = self.plan.settings.shutdown_grace_s + STOP_MARGIN_S
         done, pending = await asyncio.wait(slots, timeout=deadline_s)
         if pending:
@@ -371,6 +386,18 @@ class Supervisor:
                 return True
             delay_s = min(delay_s * 2, RESTART_MAX_S)
 
+    async def _run_console(self) -> None:
+        """Starts the console once all workers serve (none when it is off or cannot start)."""
+        from leasekeeper_server.console.serving import serve_beside
+
+        await self._serving.wait()
+        try:
+            self._console = await serve_beside(
+                self.plan.settings, self.plan.listen, _split(self.plan.listen)[1]
+            )
+        except ValueError as exc:  # checked before start (cli/main.py): a file changed since
+            log.error("no console: %s", exc)
+
     def _on_ready(self, worker: _Worker) -> None:
         self._ready.add(worker.index)
         if self._announced:
@@ -389,6 +416,7 @@ class Supervisor:
             pids,
         )
         print(f"leasekeeper listening on {self.plan.listen}", flush=True)
+        self._serving.set()
 
     def _fail(self, reason: str) -> None:
         if self._failure is None and not self._stop.is_set():
