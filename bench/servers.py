@@ -98,6 +98,7 @@ async def leasekeeper_server(
     env.update(
         LEASEKEEPER_DATABASE_URL=database_url,
         LEASEKEEPER_LISTEN="127.0.0.1:0",
+        LEASEKEEPER_CONSOLE_LISTEN="off",  # the console is measured on its own (bench/console.py)
         LEASEKEEPER_METRICS_LISTEN="127.0.0.1:0",
         LEASEKEEPER_LOG_LEVEL="INFO",
     )

@@ -276,7 +276,12 @@ class Demo:
     async def start_services(self) -> str:
         """Start the lease service and the gateway; returns the gateway's address."""
         # Port 0: the server picks a free port and logs it (INFO, on stderr).
-        env = dict(os.environ, LEASEKEEPER_LISTEN="127.0.0.1:0", LEASEKEEPER_MIN_TTL_S="0.5")
+        env = dict(
+            os.environ,
+            LEASEKEEPER_LISTEN="127.0.0.1:0",
+            LEASEKEEPER_MIN_TTL_S="0.5",
+            LEASEKEEPER_CONSOLE_LISTEN="off",  # the demo shows the terminal, not the console
+        )
         env["LEASEKEEPER_LOG_LEVEL"] = "INFO"
         if os.environ.get("LEASEKEEPER_DATABASE_URL"):
             narrate("Starting leasekeeper (on LEASEKEEPER_DATABASE_URL)")

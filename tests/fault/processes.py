@@ -164,11 +164,14 @@ def server_env(database_url: str, **settings: object) -> dict[str, str]:
     """The environment for a server: this one plus ``LEASEKEEPER_<NAME>`` for each setting.
 
     Inherited ``LEASEKEEPER_*`` and ``FAKETIME*`` variables are dropped: a
-    server's settings and clock are what the test says, nothing else.
+    server's settings and clock are what the test says, nothing else. The
+    operator console is off unless a test asks for it (``console_listen=...``):
+    its default port is one fixed address that only one process can take.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEASEKEEPER_", "FAKETIME"))}
     env["LEASEKEEPER_DATABASE_URL"] = database_url
     env["LEASEKEEPER_LISTEN"] = "127.0.0.1:0"
+    env["LEASEKEEPER_CONSOLE_LISTEN"] = "off"
     for name, value in settings.items():
         env[f"LEASEKEEPER_{name.upper()}"] = str(value)
     return env
