@@ -59,7 +59,10 @@ def rules() -> list[dict]:
 
 def runbook_url(anchor: str) -> str:
     """Where an alert's runbook entry is: the runbook on the repository's page, at its anchor."""
-    repo_url = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["repo_url"].rstrip("/")
+    # mkdocs.yml holds python/name tags (Markdown extensions' hooks): read the one key plainly.
+    match = re.search(r"^repo_url:\s*(\S+)", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert match is not None, "mkdocs.yml has no repo_url"
+    repo_url = match.group(1).rstrip("/")
     return f"{repo_url}/blob/main/{RUNBOOK_PATH}#{anchor}"
 
 
