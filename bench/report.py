@@ -105,6 +105,7 @@ def markdown(results: dict[str, Any]) -> str:
         ]
     lines += ["", *targets_table(results)]
     lines += ["", *scale_table(points)]
+    lines += console_table(results.get("console"))
     return "\n".join(lines) + "\n"
 
 
@@ -302,6 +303,9 @@ def targets_table(results: dict[str, Any]) -> list[str]:
                     value <= 0.20,
                 )
             )
+    console = results.get("console")
+    if console:
+        rows.append(console_target(console))
     lines = ["| target | measured | met |", "|---|---:|:---:|"]
     for name, value, met in rows:
         lines.append(f"| {name} | {value} | {'-' if met is None else ('yes' if met else 'no')} |")
@@ -388,3 +392,59 @@ def chart(results: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def console_target(console: dict[str, Any]) -> tuple[str, str, bool | None]:
+    """The console's target row: tasks pages under 200 ms at the largest size, flat within 20%."""
+    t = console["target"]
+    name = (
+        f"Console tasks page < 200 ms server time at {t['tasks']:,} tasks, flat within 20% "
+        "(p99 wall time; p50 ratio to the smallest size)"
+    )
+    if t["worst_p99_ms"] is None:
+        return name, "-", None
+    value = f"p99 {t['worst_p99_ms']:.1f} ms ({t['worst_p99_kind']}; p50 at most "
+    value += f"{t['worst_p50_ms']:.1f} ms)"
+    if t["worst_ratio"] is not None:
+        value += f", ratio {t['worst_ratio']:.2f} ({t['worst_ratio_kind']})"
+    return name, value, t["met"]
+
+
+def console_table(console: dict[str, Any] | None) -> list[str]:
+    """The console's pages at each namespace size (``bench/console.py``)."""
+    if not console:
+        return []
+    sizes = console["sizes"]
+    ratios = console.get("ratios", {})
+    largest = max(s["tasks"] for s in sizes)
+    smallest = min(s["tasks"] for s in sizes)
+    seeded = "; ".join(
+        f"{s['tasks']:,} tasks ({s['table_rows']:,} task rows, "
+        f"{s['history_entries']:,} history entries, seeded in {s['seed_s']:.0f} s)"
+        for s in sizes
+    )
+    lines = [
+        "",
+        f"The console's pages against the namespace's size ({console['namespace']}: {seeded}), "
+        f"{console['plan']['requests']} requests per page and size, one at a time, in windows "
+        "rotating over the sizes. Server time is the `leasekeeper serve` process's, which "
+        "runs the console: the wall time of each request on loopback, and the CPU time of "
+        "its threads over each request; PostgreSQL: the backends serving that size's "
+        "database; statements: the server's, less those it sends when idle. The calls: the "
+        "two a tasks page makes at once, each alone over gRPC. Ratio: the "
+        f"p50 at {largest:,} tasks over the p50 at {smallest:,}.",
+        "",
+        "| page or call | tasks | p50 ms | p99 ms | server CPU p50 ms | server CPU p99 ms | "
+        "PostgreSQL CPU ms/page | DB statements/page | rows shown | wall ratio | CPU ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in console["pages"]:
+        ratio = ratios.get(p["kind"], {}) if p["tasks"] == largest else {}
+        lines.append(
+            f"| {p['title']} | {p['tasks']:,} | {_num(p['wall_p50_ms'], '{:.1f}')} | "
+            f"{_num(p['wall_p99_ms'], '{:.1f}')} | {_num(p['cpu_p50_ms'], '{:.1f}')} | "
+            f"{_num(p['cpu_p99_ms'], '{:.1f}')} | {_num(p['db_cpu_ms_per_page'], '{:.1f}')} | "
+            f"{_num(p['statements_per_page'], '{:.1f}')} | {_num(p['rows'])} | "
+            f"{_num(ratio.get('wall'), '{:.2f}')} | {_num(ratio.get('cpu'), '{:.2f}')} |"
+        )
+    return lines

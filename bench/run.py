@@ -26,8 +26,9 @@ pair in alternating windows of one run, as ratios of server CPU per call.
 Last, the scale run (``bench/scale.py``) repeats Claim, Renew,
 ValidateFence, SaveCheckpoint and ListTaskHistory at 64 concurrent over
 tables of 10^3, 10^5 and 10^7 task rows, each with its history, in a
-database and server of its own, in windows that rotate over the sizes.
-``--quick``
+database and server of its own, in windows that rotate over the sizes; then
+the console's pages (``bench/console.py``) over namespaces of 10^5 and 10^6
+tasks. ``--quick``
 runs short windows and small tables (CI runs it to prove the suite works;
 nothing asserts a speed).
 """
@@ -58,6 +59,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import asyncpg  # noqa: E402
 
+from bench import console as console_pages  # noqa: E402
 from bench import report, runs, scale, scenarios  # noqa: E402
 from bench.fleet import run_fleet  # noqa: E402
 from bench.loadgen import Op, Sample, closed_loop  # noqa: E402
@@ -269,6 +271,15 @@ async def run_suite(args: argparse.Namespace) -> dict[str, Any]:
                 else await scale_run(database_url, plan, out / "logs", server_settings)
             )
             points += scaled
+            console = (
+                None
+                if args.no_console
+                else await console_pages.run(
+                    database_url,
+                    console_pages.ConsolePlan.of(args.quick, args.console_tasks),
+                    out / "logs",
+                )
+            )
             rss = rss_bytes(server.pid)
     return {
         "quick": args.quick,
@@ -278,6 +289,7 @@ async def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         "server_rss_bytes_end": rss,
         "fleet": fleet,
         "scale_spread": scale_spread(scaled),
+        "console": console,
         "comparisons": [c.as_dict() for c in comparisons],
         "points": [asdict(p) for p in points],
     }
@@ -509,10 +521,18 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="windows per side of each side-by-side comparison (default 6; quick: 2)",
     )
+    parser.add_argument("--no-console", action="store_true", help="leave out the console's pages")
+    parser.add_argument(
+        "--console-tasks",
+        type=int,
+        nargs="+",
+        help="the namespace sizes of the console's pages (default 10^5 10^6; quick: 10^3 10^4)",
+    )
     parser.add_argument(
         "--only",
-        choices=("comparisons", "scale"),
-        help="run one part alone: the side-by-side comparisons, or the table sizes",
+        choices=("comparisons", "scale", "console"),
+        help="run one part alone: the side-by-side comparisons, the table sizes, or the "
+        "console's pages",
     )
     parser.add_argument(
         "--scale-rows",
@@ -525,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         args.scenarios, args.no_fleet, args.baseline_src = [], True, None
         args.no_comparisons |= args.only != "comparisons"
         args.no_scale |= args.only != "scale"
+        args.no_console |= args.only != "console"
     if args.baseline_src:
         args.baseline_src = os.path.abspath(args.baseline_src)
     try:
@@ -561,7 +582,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{p['calls']} calls, errors {p['errors']}",
             file=sys.stderr,
         )
-    return 1 if failed or broken else 0
+    pages = (results.get("console") or {}).get("pages", [])
+    refused = [p for p in pages if p["errors"] or not p["requests"]]
+    for p in refused:
+        print(
+            f"console {p['title']} at {p['tasks']:,} tasks: {p['requests']} requests, "
+            f"errors {p['errors']}",
+            file=sys.stderr,
+        )
+    return 1 if failed or broken or refused else 0
 
 
 if __name__ == "__main__":
