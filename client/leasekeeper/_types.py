@@ -175,11 +175,11 @@ class NamespaceStats:
     """A namespace's figures at one instant, as ``LeaseClient.namespace_stats`` returns them.
 
     Every count is an ``int`` counted by the server on the database clock, at
-    ``as_of``. Each count stops at 10000 rows: when there were more to count,
+    ``as_of``. Each count stops at 1000 rows: when there were more to count,
     its ``*_capped`` flag is set, and the namespace holds at least that many,
     maybe more. ``leases_held``, ``leases_expired`` and
     ``tasks_quarantined`` are counted together over the namespace's leases
-    the expiry sweeper has not announced as expired: past 10000 of those, all
+    the expiry sweeper has not announced as expired: past 1000 of those, all
     three are capped. The ``*_last_minute`` counts are of the task history's
     entries whose event time lies in the 60 seconds before ``as_of``.
 

@@ -839,7 +839,7 @@ class LeaseClient:
         fences refused and leases lost in the last 60 seconds, effects in
         doubt: see :class:`~leasekeeper.NamespaceStats`. Counted by the server
         in one statement on the database clock (``as_of``); each count stops
-        at 10000 rows (its ``*_capped`` flag set when there were more), so a
+        at 1000 rows (its ``*_capped`` flag set when there were more), so a
         call's cost never follows the namespace's size. A namespace that holds no tasks
         answers with every count 0. An operator's call: it needs an admin
         token covering the namespace when the server requires tokens (the

@@ -252,7 +252,7 @@ class LeaseServiceServicer:
         """A namespace's figures for an operator: leases held and expired, tasks
         quarantined, claims, stale fences and lost leases in the last minute,
         effects in doubt (see GetNamespaceStatsResponse). Read-only, in one
-        statement on the database clock. Each count reads at most 10000 rows of
+        statement on the database clock. Each count reads at most 1000 rows of
         an index kept for it (one more tells that there are more), so a call's
         cost never follows the namespace's size or the table's. The role of
         ListLeases (admin), for a namespace the token covers.

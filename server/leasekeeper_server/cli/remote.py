@@ -773,7 +773,7 @@ def add_commands(commands: Any) -> None:
             "Show a namespace's figures, read at one instant on the database clock (as_of): "
             "leases held and expired, tasks quarantined, leases granted, stale fences refused "
             "and leases lost in the last 60 seconds, effects in doubt (reserved by a fence that "
-            "is not the task's live lease: reconcile them). Each count stops at 10000; one "
+            "is not the task's live lease: reconcile them). Each count stops at 1000; one "
             "that stopped shows as N+ (at least N). Prints one figure per line; --json prints "
             "one JSON object: namespace, as_of, and each count with its *_capped flag."
         ),

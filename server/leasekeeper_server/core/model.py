@@ -64,7 +64,7 @@ NAMESPACE_COUNT_LIMIT = 1000
 # GetNamespaceStats counts each figure over at most this many rows (statement
 # namespace_stats reads one more, to know there are more): a call's cost never
 # follows the namespace's size. A figure that reached it is capped.
-STATS_COUNT_LIMIT = 10_000
+STATS_COUNT_LIMIT = 1_000
 
 # GetNamespaceStats' "last minute": the history entries whose event_time is
 # this close before the read (database clock).
