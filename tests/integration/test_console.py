@@ -54,6 +54,7 @@ async def running_console(
     page_size: int = 100,
     linger_s: float = 0.2,
     recheck_s: float = 60.0,
+    fresh_s: float = 2.0,
     cert: tuple[Path, Path] | None = None,
 ) -> AsyncIterator[ConsoleServer]:
     """A console on a free loopback port, calling ``target``; stopped afterwards."""
@@ -65,6 +66,7 @@ async def running_console(
         page_size=page_size,
         linger_s=linger_s,
         recheck_s=recheck_s,
+        fresh_s=fresh_s,
         secure=cert is not None,
     )
     cert_file, key_file = cert or (None, None)
@@ -198,7 +200,9 @@ async def test_a_hostile_task_id_is_text_on_every_page(
     form = {"csrf": csrf, "action": "revoke", "ns": namespace, "id": HOSTILE, "reason": HOSTILE}
     confirm = await viewer.post("/action", form)
     pages.append(confirm)
-    pages.append(await viewer.post("/action", hidden_fields(confirm.text)))
+    done = await viewer.post("/action", hidden_fields(confirm.text))
+    assert done.status_code == 303, done.text
+    pages.append(await viewer.get(done.headers["location"]))
     assert [page.status_code for page in pages] == [200, 200, 404, 404, 200, 200]
     for page in pages:
         assert HOSTILE not in page.text
@@ -286,7 +290,9 @@ async def test_revoke_from_the_console_reaches_the_held_lease(
         assert 'data-testid="action-confirm"' in confirm.text
         assert "LEASE_REVOKED" in confirm.text
         assert worker.done() is False  # the confirmation changes nothing
-        result = await viewer.post("/action", hidden_fields(confirm.text))
+        done = await viewer.post("/action", hidden_fields(confirm.text))
+        assert done.status_code == 303, done.text
+        result = await viewer.get(done.headers["location"])
         assert result.status_code == 200, result.text
         assert 'data-testid="action-result" data-changed="yes"' in result.text
         assert "sees its heartbeat end ABORTED LEASE_REVOKED" in result.text
@@ -601,3 +607,306 @@ def test_the_leasekeeper_command_lists_console() -> None:
         check=True,
     )
     assert "console [--target HOST:PORT] [--listen HOST:PORT]" in done.stdout
+
+
+# --- what a first-time user ran into ----------------------------------------------------------
+
+
+def calls_of(server: RunningServer, method: str, code: str = "OK") -> float:
+    """How many unary calls of ``method`` the server answered with ``code`` (its own metric)."""
+    value = server.server.metrics.registry.get_sample_value(
+        "leasekeeper_rpc_duration_seconds_count", {"method": method, "code": code}
+    )
+    return value or 0.0
+
+
+async def test_the_remaining_ttl_follows_renewals(server: RunningServer, namespace: str) -> None:
+    """Renewals are not Watch events: the pages ask /leases.json for the remaining ttl."""
+    async with LeaseClient(server.target, namespace=namespace) as client:
+        claimed = await client.claim("renewed", ttl=10)
+        assert claimed.lease is not None
+        fence = claimed.lease.fence
+        async with running_console(server.target, fresh_s=0.2) as console:
+            viewer = Viewer(console)
+            try:
+                listing = await viewer.get("/namespace", ns=namespace)
+                assert f'data-refresh="/leases.json?ns={namespace}"' in listing.text
+                task = await viewer.get("/task", ns=namespace, id="renewed")
+                assert f'data-refresh="/leases.json?ns={namespace}&amp;id=renewed"' in task.text
+                assert 'data-col="expire_time"' in task.text
+                first = await viewer.get("/leases.json", ns=namespace, id="renewed")
+                assert first.status_code == 200, first.text
+                assert first.headers["cache-control"] == "no-store"
+                await asyncio.sleep(1.5)
+                before = (await viewer.get("/leases.json", ns=namespace)).json()["tasks"]
+                await client.renew("renewed", fence, ttl=10)  # no Watch event
+                await asyncio.sleep(0.3)  # longer than fresh_s: a new answer
+                after = (await viewer.get("/leases.json", ns=namespace)).json()["tasks"]
+                one = (await viewer.get("/leases.json", ns=namespace, id="renewed")).json()
+            finally:
+                await viewer.close()
+    first_task = first.json()["tasks"][0]
+    assert 5.0 < first_task["remaining_ttl"] <= 10.0
+    assert [t["task_id"] for t in before] == ["renewed"]
+    # Counted down on the service's clock: 1.5 s at least passed between the two answers.
+    assert before[0]["remaining_ttl"] <= first_task["remaining_ttl"] - 1.4
+    assert [(t["task_id"], t["state"], t["fence"]) for t in after] == [("renewed", "HELD", fence)]
+    # Renewed for 10 s, asked 0.3 s later: back up, above where it was before the renewal.
+    assert after[0]["remaining_ttl"] >= before[0]["remaining_ttl"] + 1.0
+    assert after[0]["remaining_ttl"] > 5.0
+    assert one["tasks"][0]["remaining_ttl"] > 5.0
+    # The expiry as the task page writes it moved on with the renewal.
+    assert one["tasks"][0]["expire_time"] > first_task["expire_time"]
+
+
+async def test_fifty_open_pages_cost_about_one_list_leases_per_refresh(
+    server: RunningServer, console: ConsoleServer, namespace: str
+) -> None:
+    async with LeaseClient(server.target, namespace=namespace) as client:
+        await client.claim("a", ttl=30)
+        await client.claim("b", ttl=30)
+    viewers = [Viewer(console) for _ in range(50)]
+    try:
+        for viewer in viewers:  # each page checks its viewer's access with a ListLeases
+            assert (await viewer.get("/namespace", ns=namespace)).status_code == 200
+        assert calls_of(server, "ListLeases") >= 50
+        calls = calls_of(server, "ListLeases")
+        answers = await asyncio.gather(
+            *(viewer.get("/leases.json", ns=namespace) for viewer in viewers)
+        )
+        made = calls_of(server, "ListLeases") - calls
+    finally:
+        for viewer in viewers:
+            await viewer.close()
+    assert [answer.status_code for answer in answers] == [200] * 50
+    for answer in answers:
+        assert [task["task_id"] for task in answer.json()["tasks"]] == ["a", "b"]
+    assert made <= 2, f"{made} ListLeases calls for 50 refreshes"
+
+
+async def test_shared_answers_go_only_to_viewers_the_service_allowed(
+    secured: RunningServer, db: asyncpg.Connection, namespace: str
+) -> None:
+    _record, admin = await tokens.create_token(db, "console-admin", "admin", ["*"])
+    _record, elsewhere = await tokens.create_token(db, "console-else", "admin", ["elsewhere-*"])
+    _record, worker = await tokens.create_token(db, "console-worker", "worker", [namespace])
+    async with LeaseClient(secured.target, namespace=namespace, token=admin) as client:
+        await client.claim("secret-task", ttl=30)
+    # The shared answer stays fresh all through the test: whoever may not read it must not get it.
+    async with running_console(secured.target, fresh_s=60.0) as console:
+        viewers = [Viewer(console) for _ in range(4)]
+        admin_v, elsewhere_v, worker_v, anonymous_v = viewers
+        try:
+            for viewer, token in ((admin_v, admin), (elsewhere_v, elsewhere), (worker_v, worker)):
+                assert (await viewer.sign_in(token)).status_code == 303
+            shared = await admin_v.get("/leases.json", ns=namespace)
+            one = await admin_v.get("/leases.json", ns=namespace, id="secret-task")
+            refused = [
+                await elsewhere_v.get("/leases.json", ns=namespace),
+                await worker_v.get("/leases.json", ns=namespace),
+                await anonymous_v.get("/leases.json", ns=namespace),
+                await elsewhere_v.get("/leases.json", ns=namespace, id="secret-task"),
+                await anonymous_v.get("/leases.json", ns=namespace, id="secret-task"),
+            ]
+            worker_one = await worker_v.get("/leases.json", ns=namespace, id="secret-task")
+        finally:
+            for viewer in viewers:
+                await viewer.close()
+    assert shared.status_code == one.status_code == 200
+    assert [t["task_id"] for t in shared.json()["tasks"]] == ["secret-task"]
+    assert [r.status_code for r in refused] == [403, 403, 401, 403, 401]
+    for answer in refused:
+        assert "secret-task" not in answer.text and "tasks" not in answer.json()
+    assert refused[1].json()["code"] == "PERMISSION_DENIED"
+    assert refused[2].json()["error"].startswith("This service needs a token.")
+    # The worker role may read one task (GetLease), not list the namespace (ListLeases).
+    assert worker_one.status_code == 200
+    assert worker_one.json()["tasks"][0]["task_id"] == "secret-task"
+    for viewer in viewers:
+        for text in viewer.seen:
+            assert admin not in text and elsewhere not in text and worker not in text
+
+
+async def test_sign_in_when_the_service_asks_for_no_token(viewer: Viewer) -> None:
+    form = await viewer.get("/signin")
+    assert 'data-testid="no-token-needed"' in form.text
+    assert "This service asks for no token" in form.text
+    assert "<summary>Check a token anyway</summary>" in form.text
+    answer = await viewer.sign_in("any-string-at-all")
+    assert answer.status_code == 200, answer.text
+    assert "this one was not needed: the console did not keep it" in answer.text
+    assert 'class="signed"' not in answer.text
+    home = await viewer.get("/")
+    assert 'class="signed"' not in home.text and 'data-testid="signin-link"' in home.text
+
+
+async def test_a_page_that_needs_a_token_says_how_to_get_one(
+    secured: RunningServer, db: asyncpg.Connection, namespace: str
+) -> None:
+    _record, revoked = await tokens.create_token(db, "console-gone", "admin", ["*"])
+    async with running_console(secured.target) as console:
+        viewer = Viewer(console)
+        try:
+            anonymous = await viewer.get("/namespace", ns=namespace)
+            assert (await viewer.sign_in(revoked)).status_code == 303
+            token_id = tokens.token_id_of(revoked)
+            assert token_id is not None and await tokens.revoke_token(db, token_id)
+
+            async def refused_now() -> httpx.Response | None:
+                page = await viewer.get("/namespace", ns=namespace)
+                return page if page.status_code == 401 else None
+
+            refused = await poll(refused_now, "the service to refuse the revoked token", 10)
+            # Sign-in checks a token with a real call: a well-formed revoked one is refused.
+            again = await viewer.sign_in(revoked)
+        finally:
+            await viewer.close()
+    assert anonymous.status_code == 401
+    text = anonymous.text
+    assert "This service needs a token." in text
+    assert f'<a href="/signin?next=%2Fnamespace%3Fns%3D{namespace}">Sign in</a> with one' in text
+    assert "<code>leasekeeper tokens create</code>" in text and "Tokens and roles" in text
+    assert "authorization: Bearer" not in text
+    assert "UNAUTHENTICATED" in text  # the service's status, under the message
+    # Signed in with a token the service no longer takes: it says so, with the service's reason.
+    assert f"The service refused your token (token {token_id} is unknown" in refused.text
+    assert again.status_code == 401
+    assert "The service refused this token (UNAUTHENTICATED)" in again.text
+    for page in (refused, again):
+        assert revoked not in page.text
+
+
+async def test_sign_out_goes_to_the_sign_in_page_with_a_note(viewer: Viewer) -> None:
+    out = await viewer.post("/signout", {"csrf": await viewer.csrf()})
+    assert out.status_code == 303 and out.headers["location"] == "/signin"
+    page = await viewer.get("/signin")
+    assert page.status_code == 200
+    assert 'data-testid="notice"' in page.text and "Signed out." in page.text
+    assert 'data-testid="error"' not in page.text
+    assert "Signed out." not in (await viewer.get("/signin")).text  # said once
+
+
+async def test_an_action_redirects_to_its_result_which_a_reload_does_not_repeat(
+    server: RunningServer, console: ConsoleServer, viewer: Viewer, namespace: str
+) -> None:
+    reason = "host drained at 03:00"
+    async with LeaseClient(server.target, namespace=namespace) as client:
+        await client.claim("job", ttl=30)
+        base = {"csrf": await viewer.csrf(), "ns": namespace, "id": "job", "reason": reason}
+        confirm = await viewer.post("/action", {**base, "action": "revoke"})
+        assert confirm.status_code == 200
+        assert '<h1>Revoke the lease of task <span class="id">job</span>?</h1>' in confirm.text
+        assert "Your reason is not sent to it" in confirm.text
+        done = await viewer.post("/action", hidden_fields(confirm.text))
+        assert done.status_code == 303, done.text
+        location = done.headers["location"]
+        assert location.startswith("/result?r=") and "job" not in location
+        result = await viewer.get(location)
+        reloaded = await viewer.get(location)
+        for page in (result, reloaded):
+            assert page.status_code == 200
+            assert 'data-testid="action-result" data-changed="yes"' in page.text
+            assert "<h2>What the worker sees</h2>" in page.text
+            assert "The worker is not sent your reason: it sees only LEASE_REVOKED." in page.text
+            assert reason not in page.text
+        history = [entry async for entry in client.iter_task_history("job")]
+        assert [entry.kind.value for entry in history] == ["GRANTED", "REVOKED"]
+        assert history[1].reason == reason  # the reason is in the history
+
+        # Another session cannot see this session's result.
+        other = Viewer(console)
+        try:
+            elsewhere = await other.get(location)
+        finally:
+            await other.close()
+        assert elsewhere.status_code == 404 and 'data-testid="error"' in elsewhere.text
+
+        # A revoke that changes nothing: no "What the worker sees".
+        again = await viewer.post("/action", {**base, "action": "revoke"})
+        done = await viewer.post("/action", hidden_fields(again.text))
+        unchanged = await viewer.get(done.headers["location"])
+        assert 'data-testid="action-result" data-changed="no"' in unchanged.text
+        assert "<h2>" not in unchanged.text
+
+        cancel = await viewer.post("/action", {**base, "action": "cancel"})
+        assert '<h1>Cancel task <span class="id">job</span> for good?</h1>' in cancel.text
+        retry = await viewer.post("/action", {**base, "action": "retry"})
+        assert '<h1>Put task <span class="id">job</span> back (retry)?</h1>' in retry.text
+        lease = await client.get_lease("job")
+        assert lease.state == "FREE"  # no confirmation was sent: nothing else changed
+
+
+async def test_a_reason_of_only_spaces_links_back_to_the_task(
+    server: RunningServer, viewer: Viewer, namespace: str
+) -> None:
+    async with LeaseClient(server.target, namespace=namespace) as client:
+        await client.claim("job", ttl=30)
+    form = {"csrf": await viewer.csrf(), "action": "revoke", "ns": namespace, "id": "job"}
+    answer = await viewer.post("/action", {**form, "reason": "   "})
+    assert answer.status_code == 400
+    assert "A reason is needed" in answer.text
+    back = f'<a href="/task?ns={namespace}&amp;id=job" data-testid="error-back">'
+    assert f"{back}Back to the task</a>" in answer.text
+
+
+async def test_the_task_page_says_attempts_used_and_last_owner(
+    server: RunningServer, viewer: Viewer, namespace: str
+) -> None:
+    async with LeaseClient(server.target, namespace=namespace) as client:
+        first = await client.claim("job", ttl=30)
+        assert first.lease is not None
+        await client.revoke("job", "moved")  # counts as an attempt
+        second = await client.claim("job", ttl=30)
+        assert second.lease is not None
+        held = (await viewer.get("/task", ns=namespace, id="job")).text
+        await client.release("job", second.lease.fence)
+    free = (await viewer.get("/task", ns=namespace, id="job")).text
+    assert "<dt data-owner-label>Owner</dt>" in held
+    assert "<dt data-owner-label>Last owner</dt>" in free
+    assert second.lease.owner_id in free
+    assert ">Attempts used</dt>" in free and ">Attempts</dt>" not in free
+    for number, nth in ((1, "1st"), (2, "2nd")):
+        detail = (
+            f'<span class="detail" title="the {nth} attempt: 1 + attempts used before it">'
+            f'<span class="muted">attempt</span> {number}</span>'
+        )
+        assert detail in free
+
+
+async def test_a_namespace_without_tasks_names_the_ones_with_tasks(
+    secured: RunningServer, db: asyncpg.Connection, namespace: str
+) -> None:
+    # ListNamespaces reads namespaces by name and leaves out those the token does not cover:
+    # a name that sorts before the other tests' keeps the first page of the hint about it.
+    first = f"000-{namespace}"
+    patterns = [first, f"{first}-*"]
+    _record, admin = await tokens.create_token(db, "console-admin", "admin", patterns)
+    async with LeaseClient(secured.target, namespace=first, token=admin) as client:
+        await client.claim("job", ttl=30)
+    async with running_console(secured.target) as console:
+        viewer = Viewer(console)
+        try:
+            assert (await viewer.sign_in(admin)).status_code == 303
+            typo = await viewer.get("/namespace", ns=f"{first}-typo")
+            filtered = await viewer.get("/namespace", ns=first, state="EXPIRED")
+        finally:
+            await viewer.close()
+    assert typo.status_code == 200
+    text = typo.text
+    assert 'data-testid="empty-namespace"' in text
+    assert f'Namespace <span class="id">{first}-typo</span> holds no tasks.' in text
+    assert "Namespaces with tasks that your token covers:" in text
+    assert f'<a href="/namespace?ns={first}" class="id">{first}</a> (1)' in text
+    # A filter that matches nothing is not an empty namespace.
+    assert 'data-testid="empty-namespace"' not in filtered.text
+    assert "No tasks match the filter" in filtered.text
+
+
+async def test_a_favicon_is_served_and_linked(viewer: Viewer) -> None:
+    page = await viewer.get("/")
+    assert '<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">' in page.text
+    for path in ("/static/favicon.svg", "/favicon.ico"):
+        icon = await viewer.get(path)
+        assert icon.status_code == 200, path
+        assert icon.headers["content-type"].startswith("image/svg+xml")
+        assert icon.text.startswith("<svg") and "set-cookie" not in icon.headers

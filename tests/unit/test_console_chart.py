@@ -106,10 +106,15 @@ def test_the_svg_has_a_time_axis_a_row_per_fence_and_coloured_bars() -> None:
     root = ET.fromstring(str(svg))  # well-formed XML
     assert root.tag == f"{SVG}svg"
     bars = root.findall(f"{SVG}rect")
-    assert [(b.get("data-fence"), b.get("fill")) for b in bars] == [
-        ("1", chart.ENDINGS["revoked"][1]),
-        ("2", chart.ENDINGS["held"][1]),
+    # The revoked lease was fine while held: its bar is the held colour, only its end is red.
+    assert [(b.get("data-fence"), b.get("class"), b.get("fill")) for b in bars] == [
+        ("1", "bar bar-revoked", chart.HELD_COLOUR),
+        ("2", "bar bar-held", chart.HELD_COLOUR),
     ]
+    [loss] = [g for g in root.iter(f"{SVG}g") if g.get("class") == "marker loss"]
+    assert loss.find(f"{SVG}path") is not None
+    assert loss.find(f"{SVG}path").get("fill") == chart.LOSS_COLOUR  # type: ignore[union-attr]
+    assert (loss.find(f"{SVG}text").text or "") == "revoked: drain"  # type: ignore[union-attr]
     # Bar 1 spans half the time axis: 0 s to 30 s of 0 s to 60 s.
     width = chart.WIDTH - chart.LEFT - chart.RIGHT
     assert float(bars[0].get("x") or 0) == chart.LEFT
@@ -120,7 +125,7 @@ def test_the_svg_has_a_time_axis_a_row_per_fence_and_coloured_bars() -> None:
     ticks = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "tick"]
     assert ticks == ["03:04:05", "03:04:17", "03:04:29", "03:04:41", "03:04:53", "03:05:05"]
     assert any("2026-01-02 03:04:05.000Z to 2026-01-02 03:05:05.000Z" in t for t in texts)
-    assert chart.legend(spans) == [chart.ENDINGS["held"], chart.ENDINGS["revoked"]]
+    assert chart.legend(spans) == [("held", chart.HELD_COLOUR)]  # one key for one colour
 
 
 def test_every_text_in_the_svg_is_escaped() -> None:
@@ -144,3 +149,33 @@ def test_no_grants_is_a_small_note() -> None:
     assert spans.bars == [] and spans.markers == []
     assert re.search(r"No grants in the history", str(svg))
     ET.fromstring(str(svg))
+
+
+def test_released_and_completed_are_told_apart_and_the_legend_names_each_colour_once() -> None:
+    entries = [
+        entry(1, 0, HistoryKind.GRANTED, fence=1, owner_id="a"),
+        entry(2, 5, HistoryKind.RELEASED, fence=1),
+        entry(3, 6, HistoryKind.GRANTED, fence=2, owner_id="b"),
+        entry(4, 8, HistoryKind.REVOKED, fence=2, reason="drain"),
+        entry(5, 9, HistoryKind.GRANTED, fence=3, owner_id="c"),
+        entry(6, 12, HistoryKind.COMPLETED, fence=3),
+    ]
+    svg, spans = chart.fence_chart(entries, now=at(20))
+    fills = {b.get("class"): b.get("fill") for b in ET.fromstring(str(svg)).iter(f"{SVG}rect")}
+    released, completed = fills["bar bar-released"], fills["bar bar-completed"]
+    assert released == "#64748b" and completed == "#15803d"  # grey-blue and green
+
+    def channels(colour: str) -> tuple[int, ...]:
+        return tuple(int(colour[i : i + 2], 16) for i in (1, 3, 5))
+
+    distance = sum(abs(a - b) for a, b in zip(channels(released), channels(completed), strict=True))
+    assert distance > 150  # not two shades of one green
+    assert fills["bar bar-revoked"] == chart.HELD_COLOUR
+    assert chart.legend(spans) == [
+        ("held", chart.HELD_COLOUR),
+        ("released", released),
+        ("completed", completed),
+    ]
+    colours = [colour for _label, colour in chart.ENDINGS.values()]
+    # Every colour but the held one (shared by revoked) belongs to one ending only.
+    assert len(set(colours)) == len(colours) - 1

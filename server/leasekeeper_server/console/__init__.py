@@ -11,11 +11,15 @@ runs it alone.
   headers, error pages); ``runtime``: the state of one console (service,
   sessions, hub); ``serving``: uvicorn in the caller's event loop, HTTPS,
   the loopback rule.
-- ``pages``: namespaces, a namespace's tasks, one task; ``actions``: revoke,
-  cancel, retry with a reason and a confirmation; ``signin``: sign-in and
+- ``pages``: namespaces, a namespace's tasks, one task, and ``/leases.json``
+  (the shown tasks' remaining ttls, which the pages poll: renewals are not
+  Watch events); ``actions``: revoke, cancel, retry with a reason and a
+  confirmation, then a redirect to the result; ``signin``: sign-in and
   sign-out; ``events``: live updates (Server-Sent Events).
 - ``service``: every call, through ``leasekeeper.LeaseClient`` with the
   viewer's token; ``hub``: one shared Watch stream per namespace;
+  ``refresh``: the answers of ``/leases.json``, shared for 2 s among the
+  viewers the service allowed the same read;
   ``sessions``: server-side sessions; ``csrf``: the checks of every POST;
   ``chart``: the fences-over-time SVG (pure); ``render``: templates
   (Jinja2, autoescape on), filters, URLs.

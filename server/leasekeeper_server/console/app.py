@@ -8,12 +8,17 @@ URL map (ids only in query parameters, never a token in a URL):
                                 ``page``)
 ``/task?ns=&id=``       GET     one task: checkpoint, chart, timeline (``h``),
                                 effects (``e``), actions
-``/action``             POST    revoke, cancel, retry: confirmation, then result
+``/action``             POST    revoke, cancel, retry: the confirmation; confirmed, the
+                                action, then a 303 to its result
+``/result?r=``          GET     an action's result (kept in the session, by a one-time id)
+``/leases.json?ns=``    GET     the shown tasks' state and remaining ttl (``id`` for
+                                one task; else ``state``, ``owner``, ``page``), polled
 ``/events?ns=[&id=]``   GET     live updates (Server-Sent Events)
 ``/signin``             GET     the sign-in form
 ``/signin``             POST    sign in with a token (form body)
 ``/signout``            POST    sign out
-``/static/...``         GET     console.css, console.js
+``/static/...``         GET     console.css, console.js, favicon.svg
+``/favicon.ico``        GET     the same icon (for clients that ask for it by that name)
 ======================  ======  ==================================================
 
 Every response carries a Content-Security-Policy allowing only this
@@ -31,7 +36,7 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import FileResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -46,6 +51,8 @@ log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 MAX_BODY_BYTES = 64 * 1024
+FAVICON = STATIC / "favicon.svg"
+SESSIONLESS = ("/static/", "/favicon.ico")  # paths that neither read a session nor make one
 SECURITY_HEADERS = (
     (
         b"content-security-policy",
@@ -72,8 +79,8 @@ def _cookie(scope: Scope) -> str | None:
 class SessionMiddleware:
     """Gives every HTTP request a session, and sets its cookie when it is new or replaced.
 
-    Static files need none: they neither read a session nor make one. Every
-    response gets the security headers.
+    Static files (and the icon) need none: they neither read a session nor
+    make one. Every response gets the security headers.
     """
 
     def __init__(self, app: ASGIApp, console: Console) -> None:
@@ -87,7 +94,7 @@ class SessionMiddleware:
             return
         sessions = self.console.sessions
         sent_id = _cookie(scope)
-        if not str(scope.get("path", "")).startswith("/static/"):
+        if not str(scope.get("path", "")).startswith(SESSIONLESS):
             scope[SESSION_KEY] = sessions.get(sent_id) or sessions.new()
 
         async def send_with_headers(message: Message) -> None:
@@ -104,6 +111,12 @@ class SessionMiddleware:
         await self.app(scope, receive, send_with_headers)
 
 
+async def _favicon(request: Request) -> Response:
+    return FileResponse(
+        FAVICON, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"}
+    )
+
+
 async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Refusal)
     return page(
@@ -114,6 +127,8 @@ async def _refused(request: Request, exc: Exception) -> Response:
         message=exc.message,
         code=exc.code,
         status_code=exc.status,
+        back=exc.back,
+        detail=exc.detail,
     )
 
 
@@ -156,10 +171,13 @@ def create_app(console: Console) -> Starlette:
             Route("/namespace", pages.namespace, methods=["GET"]),
             Route("/task", pages.task, methods=["GET"]),
             Route("/action", actions.act, methods=["POST"]),
+            Route("/result", actions.result, methods=["GET"]),
+            Route("/leases.json", pages.leases_json, methods=["GET"]),
             Route("/events", events.events, methods=["GET"]),
             Route("/signin", signin.form, methods=["GET"]),
             Route("/signin", signin.sign_in, methods=["POST"]),
             Route("/signout", signin.sign_out, methods=["POST"]),
+            Route("/favicon.ico", _favicon, methods=["GET"]),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         exception_handlers={

@@ -4,9 +4,11 @@ Pure: history entries in, SVG text out (no I/O, no clock of its own). Each
 grant is a bar on its fence's row, from the grant to the entry that ended it
 (a release, completion, failure, expiry, revoke, cancel, or the next grant
 while it was still held: superseded); a lease still held runs to ``now``.
-Bars are coloured by how they ended. Each loss (expired, runtime exceeded,
-revoked, superseded, cancelled) and each refused stale fence is a marker
-labelled with its reason. Every text is escaped.
+Bars are coloured by how they ended (``ENDINGS``; a revoked lease is drawn
+as held: it was fine until it was revoked). Each loss (expired, runtime
+exceeded, revoked, superseded, cancelled) is a red marker at the bar's end,
+and each refused stale fence a cross, labelled with its reason. Every text
+is escaped.
 """
 
 from __future__ import annotations
@@ -19,19 +21,23 @@ from markupsafe import Markup
 
 from leasekeeper import HistoryEntry, HistoryKind
 
-# How a bar ended -> (legend label, colour). Colours pass WCAG contrast on white.
+# How a bar ended -> (legend label, colour). Colours pass WCAG contrast on white. A lease was
+# fine while it was held: a bar whose ending was a revoke is drawn in the colour of a held
+# lease, and only its end, the loss marker, is red ("drawn as held" below).
+HELD_COLOUR = "#2563eb"
 ENDINGS: dict[str, tuple[str, str]] = {
-    "held": ("held now", "#2563eb"),
-    "released": ("released", "#15803d"),
-    "completed": ("completed", "#166534"),
+    "held": ("held", HELD_COLOUR),
+    "released": ("released", "#64748b"),
+    "completed": ("completed", "#15803d"),
     "failed": ("failed", "#9f1239"),
     "expired": ("expired", "#b45309"),
     "runtime_exceeded": ("runtime exceeded", "#92400e"),
-    "revoked": ("revoked", "#dc2626"),
+    "revoked": ("revoked", HELD_COLOUR),
     "superseded": ("superseded", "#7c3aed"),
-    "cancelled": ("cancelled", "#4b5563"),
+    "cancelled": ("cancelled", "#1f2937"),
     "unknown": ("end not in the history", "#9ca3af"),
 }
+LOSS_COLOUR = "#dc2626"  # the marker at the end of a lost lease
 # Endings that are losses: the holder did not end its lease itself.
 LOSSES = frozenset({"expired", "runtime_exceeded", "revoked", "superseded", "cancelled"})
 # History kinds that end the open lease, and the ending they give it.
@@ -280,7 +286,7 @@ def render(chart: Spans, *, title: str = "Fences over time") -> Markup:
     taken: dict[int, list[tuple[float, float]]] = {}  # per row: the spans labels cover
     for marker in chart.markers:
         mx, my = x(marker.time), y(marker.fence)
-        colour = "#111827" if marker.refused else "#dc2626"
+        colour = "#111827" if marker.refused else LOSS_COLOUR
         shape = (
             Markup(
                 '<path d="M{a} {b} L{c} {d} M{a} {d} L{c} {b}" stroke="{colour}" stroke-width="2"/>'
@@ -337,9 +343,17 @@ def render(chart: Spans, *, title: str = "Fences over time") -> Markup:
 
 
 def legend(chart: Spans) -> list[tuple[str, str]]:
-    """(label, colour) of each ending the chart shows, in ``ENDINGS`` order."""
-    shown = {bar.ending for bar in chart.bars}
-    return [ENDINGS[name] for name in ENDINGS if name in shown]
+    """(label, colour) of each colour the chart's bars show, in ``ENDINGS`` order, once each.
+
+    A colour shared by several endings is labelled by the first of them
+    (a revoked lease's bar is "held").
+    """
+    shown = {ENDINGS.get(bar.ending, ENDINGS["unknown"])[1] for bar in chart.bars}
+    keys: list[tuple[str, str]] = []
+    for label, colour in ENDINGS.values():
+        if colour in shown and all(colour != kept for _label, kept in keys):
+            keys.append((label, colour))
+    return keys
 
 
 def fence_chart(entries: Sequence[HistoryEntry], now: datetime | None) -> tuple[Markup, Spans]:

@@ -1,8 +1,11 @@
-"""The read-only pages: namespaces (``/``), a namespace's tasks, one task.
+"""The read-only pages: namespaces (``/``), a namespace's tasks, one task; and ``/leases.json``.
 
 Ids come in query parameters (``/namespace?ns=...``, ``/task?ns=...&id=...``);
 listings page with the API's own page tokens (``page``, ``h`` for a task's
 history, ``e`` for its effects): a "next page" link, no offsets, no counts.
+A namespace that holds no tasks says so, with the namespaces that do when
+the viewer may list them (ListNamespaces). ``/leases.json`` gives the pages
+the current state and remaining ttl of the tasks they show (``refresh.py``).
 """
 
 from __future__ import annotations
@@ -12,18 +15,29 @@ import dataclasses
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
-from leasekeeper import Checkpoint, EffectRecord, HistoryEntry, LeaseInfo, NamespaceStats
+from leasekeeper import (
+    Checkpoint,
+    EffectRecord,
+    HistoryEntry,
+    HistoryKind,
+    LeaseInfo,
+    NamespaceStats,
+)
 from leasekeeper._types import TASK_STATES
 from leasekeeper_server.console import chart
-from leasekeeper_server.console.render import page
-from leasekeeper_server.console.runtime import console_of, session_of
+from leasekeeper_server.console.refresh import Key
+from leasekeeper_server.console.render import NO_STORE, page, when
+from leasekeeper_server.console.runtime import Console, console_of, session_of
 from leasekeeper_server.console.service import Refusal, database_now
 
 NAMESPACE_PAGE_SIZE = 50
 HISTORY_PAGE_SIZE = 100
 EFFECT_PAGE_SIZE = 100
+HINT_NAMESPACES = 10  # namespaces named under "holds no tasks"
+HINT_PAGE_SIZE = 100  # ListNamespaces pages read for them: at most HINT_PAGES
+HINT_PAGES = 10
 TERMINAL = frozenset({"COMPLETED", "CANCELLED", "FAILED"})
 # The figures of GetNamespaceStats, as the pages label them (field, label, what it counts).
 STATS = (
@@ -152,7 +166,10 @@ async def namespace(request: Request) -> Response:
     except BaseException:
         stats_call.cancel()
         raise
+    console.snapshots.allow(token, ns, "ListLeases")
     stats = await stats_call
+    holds_none = not leases and state is None and not owner and not page_token
+    others = await namespaces_with_tasks(console, token, ns) if holds_none else None
     return page(
         request,
         "namespace.html",
@@ -166,8 +183,47 @@ async def namespace(request: Request) -> Response:
         as_of=None if isinstance(stats, Refusal) else stats.as_of,
         next_token=next_token,
         page_token=page_token,
+        holds_none=holds_none,
+        others=others,
         events={"ns": ns},
+        refresh={"ns": ns, "state": state, "owner": owner, "page": page_token} if leases else None,
     )
+
+
+async def namespaces_with_tasks(
+    console: Console, token: str | None, ns: str
+) -> dict[str, Any] | None:
+    """The first namespaces that hold tasks, for "namespace X holds no tasks" (as the CLI says).
+
+    With a token, the service leaves out of each page of ListNamespaces the
+    namespaces the token does not cover (a page may be short, even empty), so
+    this reads up to ``HINT_PAGES`` pages to find ``HINT_NAMESPACES``. None
+    when the viewer may not list namespaces (or the call failed): the page
+    then says only that the namespace holds no tasks.
+    """
+    found: list[dict[str, str]] = []
+    page_token = ""
+    try:
+        for _ in range(HINT_PAGES):
+            listed, page_token = await console.service.namespaces(token, page_token, HINT_PAGE_SIZE)
+            found += [
+                {
+                    "namespace": info.namespace,
+                    "tasks": f">{info.task_count}"
+                    if info.task_count_capped
+                    else str(info.task_count),
+                }
+                for info in listed
+                if info.namespace != ns
+            ]
+            if len(found) > HINT_NAMESPACES or not page_token:
+                break
+    except Refusal:
+        return None
+    return {
+        "shown": found[:HINT_NAMESPACES],
+        "more": len(found) > HINT_NAMESPACES or bool(page_token),
+    }
 
 
 def effect_row(effect: EffectRecord, lease: LeaseInfo) -> dict[str, Any]:
@@ -180,24 +236,43 @@ def effect_row(effect: EffectRecord, lease: LeaseInfo) -> dict[str, Any]:
     }
 
 
-def entry_details(entry: HistoryEntry) -> list[tuple[str, str]]:
-    """The fields of a history entry that say something for its kind, as (name, value)."""
+def ordinal(number: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``4th``, ``11th``, ``21st``..."""
+    if number % 100 in (11, 12, 13):
+        return f"{number}th"
+    return f"{number}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(number % 10, 'th') }"
+
+
+def _attempt_detail(entry: HistoryEntry) -> tuple[str, str, str]:
+    """The ``attempt`` field as its kind means it (the proto's HistoryEntry.attempt)."""
+    number = entry.attempt
+    if entry.kind is HistoryKind.GRANTED:
+        return "attempt", str(number), f"the {ordinal(number)} attempt: 1 + attempts used before it"
+    if entry.kind is HistoryKind.QUARANTINED:
+        return "attempts used", str(number), "the attempts used when the task was quarantined"
+    if entry.kind is HistoryKind.EFFECT_RESERVED:
+        return "effect attempts", str(number), "the effect's attempts"
+    return "attempt", str(number), ""
+
+
+def entry_details(entry: HistoryEntry) -> list[tuple[str, str, str]]:
+    """The fields of a history entry that say something for its kind: (name, value, tooltip)."""
     details = []
     if entry.attempt:
-        details.append(("attempt", str(entry.attempt)))
+        details.append(_attempt_detail(entry))
     if entry.checkpoint_version:
-        details.append(("checkpoint version", str(entry.checkpoint_version)))
-        details.append(("size", f"{entry.checkpoint_size} B"))
+        details.append(("checkpoint version", str(entry.checkpoint_version), ""))
+        details.append(("size", f"{entry.checkpoint_size} B", ""))
     if entry.effect_key:
-        details.append(("effect", entry.effect_key))
+        details.append(("effect", entry.effect_key, ""))
     if entry.effect_outcome:
-        details.append(("outcome", entry.effect_outcome))
+        details.append(("outcome", entry.effect_outcome, ""))
     if entry.external_operation_id:
-        details.append(("external operation", entry.external_operation_id))
+        details.append(("external operation", entry.external_operation_id, ""))
     if entry.reason:
-        details.append(("reason", entry.reason))
+        details.append(("reason", entry.reason, ""))
     if entry.method:
-        details.append(("refused at", entry.method))
+        details.append(("refused at", entry.method, ""))
     return details
 
 
@@ -238,6 +313,7 @@ async def task(request: Request) -> Response:
     assert not isinstance(charted, BaseException)
     assert not isinstance(listed, BaseException)
     lease, checkpoint = found
+    console.snapshots.allow(token, ns, "GetLease")
     entries, next_history = timeline
     chart_entries, chart_cut = charted
     effects, next_effects = listed
@@ -263,6 +339,7 @@ async def task(request: Request) -> Response:
         actions=actions_for(lease),
         terminal=lease.state in TERMINAL,
         events={"ns": ns, "id": task_id},
+        refresh=None if lease.state in TERMINAL else {"ns": ns, "id": task_id},
     )
 
 
@@ -276,3 +353,62 @@ def _checkpoint(checkpoint: Checkpoint | None) -> dict[str, Any] | None:
         "fence": checkpoint.fence,
         "write_time": checkpoint.write_time,
     }
+
+
+def task_state(lease: LeaseInfo, age_s: float) -> dict[str, Any]:
+    """A task as ``/leases.json`` gives it: its remaining ttl less ``age_s`` (seconds)."""
+    row = task_row(lease)
+    remaining = row["remaining_ttl"]
+    row["remaining_ttl"] = None if remaining is None else round(max(remaining - age_s, 0.0), 3)
+    row["expire_time"] = when(lease.expire_time) if lease.expire_time is not None else None
+    return row
+
+
+async def leases_json(request: Request) -> Response:
+    """``GET /leases.json?ns=[&id=][&state=][&owner=][&page=]``: see ``refresh.py``."""
+    console = console_of(request)
+    token = session_of(request).token
+    query = request.query_params
+    task_id = query.get("id", "")
+    service = console.service
+    try:
+        ns = param(request, "ns", "a namespace")
+        if task_id:
+
+            async def one() -> list[LeaseInfo]:
+                return [await service.lease(ns, task_id, token)]
+
+            key: Key = ("GetLease", ns, task_id)
+            leases, age_s = await console.snapshots.get(key, token, ns, "GetLease", one)
+        else:
+            state = query.get("state", "").upper()
+            if state and state not in TASK_STATES:
+                raise Refusal(
+                    400, "Not a valid request", f"state must be one of {', '.join(TASK_STATES)}"
+                )
+            owner = query.get("owner", "")
+            page_token = query.get("page", "")
+
+            async def listed() -> list[LeaseInfo]:
+                found, _next = await service.leases(
+                    ns,
+                    token,
+                    state=state or None,
+                    owner=owner,
+                    page_token=page_token,
+                    page_size=console.page_size,
+                )
+                return found
+
+            key = ("ListLeases", ns, state, owner, page_token)
+            leases, age_s = await console.snapshots.get(key, token, ns, "ListLeases", listed)
+    except Refusal as refusal:
+        return JSONResponse(
+            {"error": refusal.message, "code": refusal.code},
+            status_code=refusal.status,
+            headers=NO_STORE,
+        )
+    return JSONResponse(
+        {"age_s": round(age_s, 3), "tasks": [task_state(lease, age_s) for lease in leases]},
+        headers=NO_STORE,
+    )

@@ -1,4 +1,4 @@
-"""One running console: the service it calls, its sessions and its hub.
+"""One running console: the service it calls, its sessions, its hub and its shared answers.
 
 Handlers reach it through the request (``console_of``), and the viewer's
 session through ``session_of`` (put in the request's scope by the app's
@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from leasekeeper import TaskEvent
 from leasekeeper_server.console.hub import LINGER_S, Hub
+from leasekeeper_server.console.refresh import FRESH_S, Snapshots
 from leasekeeper_server.console.service import CALL_TIMEOUT_S, Service
 from leasekeeper_server.console.sessions import Session, Sessions
 
@@ -38,6 +39,7 @@ class Console:
         call_timeout_s: float = CALL_TIMEOUT_S,
         sessions: Sessions | None = None,
         recheck_s: float = RECHECK_S,
+        fresh_s: float = FRESH_S,
     ) -> None:
         """A console calling the service on ``channel`` (the caller closes it).
 
@@ -52,7 +54,9 @@ class Console:
             call_timeout_s: Deadline of each call, in seconds.
             sessions: The session store; None: a new one.
             recheck_s: Seconds between two checks of a live-update viewer's
-                session and access.
+                session and access; also how long a viewer's checked access
+                to a namespace lets it share the answers of ``/leases.json``.
+            fresh_s: Seconds an answer of ``/leases.json`` is shared.
         """
         self.service = Service(channel, call_timeout_s)
         self.sessions = sessions or Sessions()
@@ -61,6 +65,7 @@ class Console:
         self.secure = secure
         self.page_size = page_size
         self.recheck_s = recheck_s
+        self.snapshots = Snapshots(fresh_s=fresh_s, access_s=recheck_s)
 
     def _open_watch(self, namespace: str, token: str | None) -> AsyncIterator[TaskEvent]:
         return self.service.client(namespace, token).watch()

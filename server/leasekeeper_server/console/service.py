@@ -50,6 +50,14 @@ _HTTP: dict[grpc.StatusCode, tuple[int, str]] = {
 }
 
 
+# What an UNAUTHENTICATED refusal says, instead of the service's "this call needs a token:
+# authorization: Bearer <token>" (which speaks of gRPC metadata, not of the console).
+SIGN_IN_NEEDED = (
+    "This service needs a token. Sign in with one; an admin creates tokens with "
+    "`leasekeeper tokens create` (see the docs' Tokens and roles page)."
+)
+
+
 class Refusal(Exception):
     """A request the console cannot answer as asked; shown as an error page.
 
@@ -57,32 +65,59 @@ class Refusal(Exception):
         status: The HTTP status of the page.
         title: The page's headline.
         message: What happened, in one or two sentences (the service's own
-            message for a refused call).
+            message for a refused call; ``SIGN_IN_NEEDED`` for UNAUTHENTICATED).
         code: The gRPC status name when the service refused, else "".
+        back: (path, label) of the page to go back to (the task an action
+            was about), or None: the error page links to the namespaces only.
+        detail: The service's own message when ``message`` says it otherwise
+            (UNAUTHENTICATED), else "".
     """
 
-    def __init__(self, status: int, title: str, message: str, code: str = "") -> None:
+    def __init__(
+        self,
+        status: int,
+        title: str,
+        message: str,
+        code: str = "",
+        back: tuple[str, str] | None = None,
+        detail: str = "",
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.title = title
         self.message = message
         self.code = code
+        self.back = back
+        self.detail = detail
 
 
-def refusal_of(error: LeaseError) -> Refusal:
-    """The page a failed call becomes: its HTTP status, and the service's message."""
+def refusal_of(error: LeaseError, token: str | None = None) -> Refusal:
+    """The page a failed call becomes: its HTTP status, and the service's message.
+
+    UNAUTHENTICATED says what to do instead: without a token, ``SIGN_IN_NEEDED``;
+    with one (``token``), that the service refused it, and why.
+    """
     code = error.code or grpc.StatusCode.UNKNOWN
     status, title = _HTTP.get(code, (502, "The service refused"))
-    return Refusal(status, title, str(error), code.name)
+    message, detail = str(error), ""
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        message, detail = SIGN_IN_NEEDED, str(error)
+        if token:
+            message = (
+                f"The service refused your token ({error}). Sign in with a valid one; an admin "
+                "creates tokens with `leasekeeper tokens create` (see the docs' Tokens and "
+                "roles page)."
+            )
+    return Refusal(status, title, message, code.name, detail=detail)
 
 
 @contextlib.contextmanager
-def answered() -> Iterator[None]:
-    """Turns a failed call (LeaseError) into a :class:`Refusal`."""
+def answered(token: str | None = None) -> Iterator[None]:
+    """Turns a failed call (LeaseError) made with ``token`` into a :class:`Refusal`."""
     try:
         yield
     except LeaseError as error:
-        raise refusal_of(error) from error
+        raise refusal_of(error, token) from error
 
 
 def database_now(lease: LeaseInfo) -> datetime | None:
@@ -144,9 +179,9 @@ class Service:
         except AccessDenied as error:
             if error.code is grpc.StatusCode.PERMISSION_DENIED:
                 return False
-            raise refusal_of(error) from error
+            raise refusal_of(error, token) from error
         except LeaseError as error:
-            raise refusal_of(error) from error
+            raise refusal_of(error, token) from error
         return True
 
     async def namespaces(
@@ -157,7 +192,7 @@ class Service:
         Raises:
             Refusal: the call failed.
         """
-        with answered():
+        with answered(token):
             return await self.client("default", token).list_namespaces(page_size, page_token)
 
     async def stats(self, namespace: str, token: str | None) -> NamespaceStats:
@@ -166,7 +201,7 @@ class Service:
         Raises:
             Refusal: the call failed.
         """
-        with answered():
+        with answered(token):
             return await self.client(namespace, token).namespace_stats(namespace)
 
     async def stats_of(
@@ -217,7 +252,7 @@ class Service:
                 request, timeout=self._call_timeout_s, metadata=client.call_metadata
             )
         except grpc.aio.AioRpcError as error:
-            raise refusal_of(from_rpc_error(error)) from error
+            raise refusal_of(from_rpc_error(error), token) from error
         return [lease_info(lease) for lease in response.leases], response.next_page_token
 
     async def task(
@@ -229,7 +264,7 @@ class Service:
             Refusal: a call failed (NOT_FOUND: a task never claimed).
         """
         client = self.client(namespace, token)
-        with answered():
+        with answered(token):
             lease, checkpoint = await asyncio.gather(
                 client.get_lease(task_id), client.get_checkpoint(task_id)
             )
@@ -241,7 +276,7 @@ class Service:
         Raises:
             Refusal: the call failed.
         """
-        with answered():
+        with answered(token):
             return await self.client(namespace, token).get_lease(task_id)
 
     async def history(
@@ -252,7 +287,7 @@ class Service:
         Raises:
             Refusal: the call failed.
         """
-        with answered():
+        with answered(token):
             return await self.client(namespace, token).list_task_history(
                 task_id, page_size, page_token
             )
@@ -284,7 +319,7 @@ class Service:
         Raises:
             Refusal: the call failed.
         """
-        with answered():
+        with answered(token):
             return await self.client(namespace, token).list_effects(
                 task_id, page_size=page_size, page_token=page_token
             )
@@ -297,7 +332,7 @@ class Service:
         Raises:
             Refusal: the call failed.
         """
-        with answered():
+        with answered(token):
             return await self.client(namespace, token).revoke(task_id, reason, fence)
 
     async def cancel(
@@ -308,7 +343,7 @@ class Service:
         Raises:
             Refusal: the call failed.
         """
-        with answered():
+        with answered(token):
             return await self.client(namespace, token).cancel(task_id, reason)
 
     async def retry(
@@ -319,5 +354,5 @@ class Service:
         Raises:
             Refusal: the call failed.
         """
-        with answered():
+        with answered(token):
             return await self.client(namespace, token).retry(task_id, reason)

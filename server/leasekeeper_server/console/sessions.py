@@ -18,10 +18,12 @@ import dataclasses
 import secrets
 import time
 from collections.abc import Callable
+from typing import Any
 
 COOKIE = "leasekeeper_console"
 IDLE_S = 1800.0  # 30 minutes without a request ends a session
 MAX_SESSIONS = 10_000
+MAX_RESULTS = 16  # results of actions kept per session (the newest)
 
 
 @dataclasses.dataclass(slots=True)
@@ -33,12 +35,33 @@ class Session:
         csrf: The CSRF token every form of this session carries (256 random bits).
         token: The viewer's bearer token once signed in; None: calls carry none.
         last_seen: When it was last used (the store's monotonic clock, seconds).
+        notice: A short note for the next page that shows notes (e.g. "Signed
+            out."); read once.
+        results: The outcomes of this session's actions, by their one-time id
+            (the result page's ``?r=``), newest last; at most ``MAX_RESULTS``.
     """
 
     id: str
     csrf: str
     token: str | None
     last_seen: float
+    notice: str = ""
+    results: collections.OrderedDict[str, dict[str, Any]] = dataclasses.field(
+        default_factory=collections.OrderedDict
+    )
+
+    def keep_result(self, outcome: dict[str, Any]) -> str:
+        """Keeps an action's outcome under a new random id, and returns the id."""
+        result_id = secrets.token_urlsafe(12)
+        self.results[result_id] = outcome
+        while len(self.results) > MAX_RESULTS:
+            self.results.popitem(last=False)
+        return result_id
+
+    def take_notice(self) -> str:
+        """The notice for this page, cleared (it is shown once)."""
+        notice, self.notice = self.notice, ""
+        return notice
 
     @property
     def signed_in(self) -> bool:

@@ -1,12 +1,17 @@
 """Sign-in and sign-out: a token in a POST body, kept in a server-side session.
 
-``GET /signin`` shows the form (and says so when the service asks for no
-token). ``POST /signin`` checks the form (CSRF, Origin), asks the service
-whether it knows the token (ListNamespaces: answered or PERMISSION_DENIED,
-it does; UNAUTHENTICATED, it does not), and on success starts a new session
-holding the token, then goes back to the page the viewer came from (``next``,
-a path of this console only). ``POST /signout`` ends the session. The token
-is never put in a URL, a page or a log line.
+``GET /signin`` shows the form, or, when the service asks for no token
+(a call without one is answered), says so and offers the form only to check
+a token anyway. ``POST /signin`` checks the form (CSRF, Origin), then asks
+the service about the token with a real call made with it (ListNamespaces:
+answered or PERMISSION_DENIED, the service knows it; UNAUTHENTICATED, it
+does not). A known token, when the service asks for tokens, starts a new
+session holding it, then goes back to the page the viewer came from
+(``next``, a path of this console only). When the service asks for none,
+the token is not kept: the page says it was not needed (or that the service
+refused it). ``POST /signout`` ends the session and goes to ``/signin``,
+which says "Signed out.". The token is never put in a URL, a page or a log
+line.
 """
 
 from __future__ import annotations
@@ -38,14 +43,21 @@ async def _tokens_needed(request: Request) -> bool | None:
 
 
 async def form(request: Request) -> Response:
-    """``GET /signin``: the sign-in form."""
+    """``GET /signin``: the sign-in form (and the note of a sign-out just done)."""
     return page(
         request,
         "signin.html",
         next=next_path(request.query_params.get("next")),
         needed=await _tokens_needed(request),
         problem="",
+        notice=session_of(request).take_notice(),
     )
+
+
+NOT_NEEDED = (
+    "The service asks for no token, so this one was not needed: the console did not keep it. "
+    "You are not signed in, and need not be: every call the console makes carries no token."
+)
 
 
 async def sign_in(request: Request) -> Response:
@@ -53,22 +65,28 @@ async def sign_in(request: Request) -> Response:
     posted = await checked_form(request)
     token = str(posted.get("token", "")).strip()
     back = next_path(posted.get("next"))
-    problem = ""
+    needed = await _tokens_needed(request)
+    problem, status, notice = "", 200, ""
     if not token:
-        problem = "Enter a token."
+        problem, status = "Enter a token.", 400
     elif len(token) > MAX_TOKEN_CHARS or any(c.isspace() or not c.isprintable() for c in token):
-        problem = "That is not a token: the service refused it."
+        problem, status = "That is not a token: a token is one line, without spaces.", 400
     elif not await console_of(request).service.probe(token):
-        problem = "The service does not know this token (UNAUTHENTICATED): it is unknown, "
-        problem += "expired or revoked."
-    if problem:
+        problem, status = (
+            "The service refused this token (UNAUTHENTICATED): it is unknown, expired or revoked.",
+            401,
+        )
+    elif needed is False:
+        notice = NOT_NEEDED
+    if problem or notice:
         return page(
             request,
             "signin.html",
-            status=401 if token else 400,
+            status=status,
             next=back,
-            needed=await _tokens_needed(request),
+            needed=needed,
             problem=problem,
+            notice=notice,
         )
     sessions = console_of(request).sessions
     sessions.drop(session_of(request).id)
@@ -77,9 +95,11 @@ async def sign_in(request: Request) -> Response:
 
 
 async def sign_out(request: Request) -> Response:
-    """``POST /signout``: end the session; the viewer continues without a token."""
+    """``POST /signout``: end the session; the sign-in page says "Signed out."."""
     await checked_form(request)
     sessions = console_of(request).sessions
     sessions.drop(session_of(request).id)
-    replace_session(request, sessions.new())
-    return RedirectResponse("/", status_code=303)
+    fresh = sessions.new()
+    fresh.notice = "Signed out. The console no longer holds your token."
+    replace_session(request, fresh)
+    return RedirectResponse("/signin", status_code=303)

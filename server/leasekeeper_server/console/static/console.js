@@ -1,10 +1,12 @@
-// The leasekeeper console's only script: remaining ttls ticking down, live updates
-// (Server-Sent Events), and forms that cannot be sent twice. It never builds HTML from
-// data: every value goes in with textContent.
+// The leasekeeper console's only script: remaining ttls ticking down and refreshed from the
+// service, live updates (Server-Sent Events), and forms that cannot be sent twice. It never
+// builds HTML from data: every value goes in with textContent.
 "use strict";
 
 (function () {
   const loaded = performance.now();
+  const REFRESH_MS = 2500; // the shown tasks' remaining ttls are asked for this often
+  const LIVE_MARGIN_MS = 250;
 
   // --- remaining ttl: data-expire holds the seconds left when the value was set ---------
   function tick() {
@@ -38,13 +40,8 @@
     }
   });
 
-  // --- live updates -----------------------------------------------------------------------
-  const source = document.body.dataset.events;
-  if (!source || !window.EventSource) {
-    return;
-  }
+  // --- a task's cells ---------------------------------------------------------------------
   const status = document.getElementById("live-status");
-  let notOnPage = 0;
 
   function say(text, ok) {
     status.hidden = false;
@@ -73,6 +70,7 @@
       el.dataset.expire = String(seconds);
       el.dataset.base = String(performance.now());
       el.classList.remove("muted");
+      tick();
     }
   }
 
@@ -81,11 +79,21 @@
     if (state) {
       state.className = "state state-" + task.state;
     }
-    setCell(scope, "owner_id", task.owner_id);
+    const ownerLabel = scope.querySelector("[data-owner-label]");
+    if (ownerLabel) {
+      ownerLabel.textContent = task.state === "HELD" ? "Owner" : "Last owner";
+    }
+    setCell(scope, "owner_id", task.owner_id || "—");
     setCell(scope, "fence", String(task.fence));
     setCell(scope, "attempts", task.max_attempts ? task.attempts + " / " + task.max_attempts : String(task.attempts));
     setCell(scope, "checkpoint_version", task.checkpoint_version ? String(task.checkpoint_version) : "—");
+    if ("expire_time" in task) {
+      setCell(scope, "expire_time", task.expire_time || "—");
+    }
     setCountdown(scope, task.remaining_ttl);
+  }
+
+  function flash(scope) {
     const row = scope.closest("tr") || scope;
     row.classList.remove("flash");
     void row.offsetWidth; // restart the animation
@@ -101,6 +109,65 @@
     return null;
   }
 
+  // When each task last changed by a live update (performance.now()): a refresh answer
+  // older than that is not applied to it.
+  const liveAt = new Map();
+
+  // --- remaining ttls from the service: renewals are not live-update events ----------------
+  // Every REFRESH_MS while the tab is visible, ask /leases.json for the shown tasks' state
+  // and remaining ttl (database clock), and set them.
+  const refresh = document.body.dataset.refresh;
+  if (refresh && window.fetch) {
+    let busy = false;
+    let stopped = false;
+
+    const poll = async function () {
+      if (busy || stopped || document.visibilityState !== "visible") {
+        return;
+      }
+      busy = true;
+      const sent = performance.now();
+      try {
+        const response = await fetch(refresh, {
+          credentials: "same-origin",
+          cache: "no-store",
+          headers: { accept: "application/json" },
+        });
+        const body = await response.json();
+        if (!response.ok) {
+          stopped = true;
+          say("Remaining ttls are no longer refreshed: " + (body.error || "HTTP " + response.status) + " Reload to try again.");
+          return;
+        }
+        const asOf = sent - body.age_s * 1000; // when the service was asked, at the latest
+        for (const task of body.tasks) {
+          const scope = scopeOf(task.task_id);
+          const live = liveAt.get(task.task_id);
+          if (scope && (live === undefined || live < asOf - LIVE_MARGIN_MS)) {
+            apply(scope, task);
+          }
+        }
+      } catch (error) {
+        // The console went away or the answer was cut short: the next round asks again.
+      } finally {
+        busy = false;
+      }
+    };
+    setInterval(poll, REFRESH_MS);
+    document.addEventListener("visibilitychange", function () {
+      if (document.visibilityState === "visible") {
+        poll();
+      }
+    });
+  }
+
+  // --- live updates -----------------------------------------------------------------------
+  const source = document.body.dataset.events;
+  if (!source || !window.EventSource) {
+    return;
+  }
+  let notOnPage = 0;
+
   const events = new EventSource(source);
   events.addEventListener("ready", function () {
     say("Live: changes appear as they happen.", true);
@@ -109,7 +176,9 @@
     const task = JSON.parse(message.data);
     const scope = scopeOf(task.task_id);
     if (scope) {
+      liveAt.set(task.task_id, performance.now());
       apply(scope, task);
+      flash(scope);
       if (document.querySelector(".timeline")) {
         say("Live: the task changed (" + task.type + "). Reload for its timeline and chart.", true);
       }
