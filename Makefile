@@ -10,7 +10,7 @@ NODE_DEPS := node_modules/.installed examples/node/node_modules/.installed
 
 .DEFAULT_GOAL := help
 
-.PHONY: help serve test lint protos protos-check protos-baseline demo bench bench-quick docs docs-check clean
+.PHONY: help serve test test-browser lint protos protos-check protos-baseline demo bench bench-quick docs docs-check clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -48,6 +48,13 @@ test: $(VENV)/.installed $(NODE_DEPS) ## run the test suite and every code block
 	cat $(DOCS_LOG); \
 	if [ $$main -ne 0 ]; then exit $$main; fi; exit $$docs_status
 
+# The console in a real browser: Debian's Chromium (/usr/bin/chromium, `apt-get install
+# chromium`) driven by Playwright, against real `leasekeeper serve` processes. `make test`
+# leaves these out (pyproject's addopts: -m "not browser"); this -m comes later and wins.
+# Full-page screenshots of the pages each test saw go to build/screenshots/.
+test-browser: $(VENV)/.installed ## the console's tests in Chromium (needs /usr/bin/chromium); screenshots in build/screenshots/
+	$(PY) -m pytest -m browser tests/browser -p no:cacheprovider
+
 lint: $(VENV)/.installed protos-check ## ruff, mypy, and buf on the protos (protos-check)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -63,7 +70,7 @@ protos-check: node_modules/.installed ## buf lint, and buf breaking against the 
 protos-baseline: node_modules/.installed ## publish protos/ as the new breaking-change baseline
 	$(BUF) build -o $(BUF_BASELINE)
 
-bench: $(VENV)/.installed ## the benchmark suite (about 15 minutes): bench/results/results.{md,json,png}
+bench: $(VENV)/.installed ## the benchmark suite (about 25 minutes): bench/results/results.{md,json,png}
 	$(PY) -m bench.run
 
 bench-quick: $(VENV)/.installed ## the benchmark suite in short windows (about 2-3 minutes; CI runs it)

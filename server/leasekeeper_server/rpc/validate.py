@@ -2,8 +2,8 @@
 
 Every check raises :class:`~leasekeeper_server.core.errors.InvalidArgument` naming
 the field (INVALID_ARGUMENT for the caller) before anything is read or
-written. The rules are the lease contract's "Bad input" (docs/guarantees.md): ids are 1..max_id_bytes
-bytes of UTF-8 without control characters, bidirectional controls or line
+written. The rules are the lease contract's "Bad input" (docs/guarantees.md):
+ids are 1..max_id_bytes bytes of UTF-8 without control characters, bidirectional controls or line
 separators, with a visible character, compared byte for byte (a claim's
 request_id too, when set; empty means none); ttls lie in [min_ttl, max_ttl]
 (unset means the default); fences are >= 1; enum values must be known; page
