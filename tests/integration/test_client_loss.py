@@ -211,3 +211,26 @@ async def test_complete_on_dead_network_gives_up_at_the_trust_deadline(
     assert isinstance(caught.value.__cause__, LeaseError)
     assert caught.value.__cause__.code is grpc.StatusCode.DEADLINE_EXCEEDED
     assert (await row_state(db, namespace, "t"))[0] != "completed"
+
+
+async def test_a_revoke_right_after_the_claim_is_pushed_not_found_at_the_next_beat(
+    server, namespace
+):
+    # The heartbeat subscribes to the task's changes before its first renewal: a revoke
+    # committed between that renewal and the subscription used to reach the worker only
+    # at its next beat (ttl/3 = 10 s here). Each round revokes as soon as hold() returns,
+    # racing the stream's first message; every loss must arrive well before that beat.
+    beat_s = 30.0 / 3
+    async with (
+        LeaseClient(server.target, namespace=namespace) as holder,
+        LeaseClient(server.target, namespace=namespace) as operator,
+    ):
+        for round_ in range(10):
+            task = f"revoked-at-once-{round_}"
+            started = time.monotonic()
+            with pytest.raises(LeaseLost) as lost:
+                async with holder.hold(task, ttl=30.0):
+                    await operator.revoke(task, reason="race the first beat")
+                    await asyncio.sleep(2 * beat_s)  # cancelled by the pushed loss
+            assert lost.value.reason == "LEASE_REVOKED"
+            assert time.monotonic() - started < beat_s / 2, round_

@@ -140,21 +140,24 @@ class _Stream:
             ("owner_id", self._ref.owner_id),
         )
         self._set_ttl(validate.ttl(first, self._settings))
-        checkpoint = self._checkpoint(first)
-        if checkpoint is None:
-            self._renewed(await self._store.renew(ref, self._ttl))
-            await self._reply(renewed=True)
-        else:
-            await self._renew_saving(checkpoint)
-
-        # Beats are read and answered here, one after another, with nothing
-        # else to wait for (the cheapest loop per beat); the watchdog task
-        # waits for the rest and, when the stream must end, cancels this one.
-        beats = asyncio.current_task()
-        assert beats is not None
-        # A token revoked while the stream runs ends it (UNAUTHENTICATED).
-        async with guarding_credentials(self._ref.key.namespace) as credentials:
-            with self._events.watch(self._ref.key) as changed:
+        # Subscribed to the task's changes BEFORE the first renewal: a revoke (or
+        # any change of owner) committed after that renewal then sets ``changed``
+        # for the watchdog, instead of falling between the renewal and the
+        # subscription, where only the next beat (ttl/3 later) would find it.
+        with self._events.watch(self._ref.key) as changed:
+            checkpoint = self._checkpoint(first)
+            if checkpoint is None:
+                self._renewed(await self._store.renew(ref, self._ttl))
+                await self._reply(renewed=True)
+            else:
+                await self._renew_saving(checkpoint)
+            # Beats are read and answered here, one after another, with nothing
+            # else to wait for (the cheapest loop per beat); the watchdog task
+            # waits for the rest and, when the stream must end, cancels this one.
+            beats = asyncio.current_task()
+            assert beats is not None
+            # A token revoked while the stream runs ends it (UNAUTHENTICATED).
+            async with guarding_credentials(self._ref.key.namespace) as credentials:
                 watchdog = asyncio.ensure_future(self._watch(changed, credentials, beats))
                 try:
                     while True:
