@@ -110,3 +110,21 @@ async def claim_held(
     )
     assert reply.acquired
     return int(reply.lease.fence)
+
+
+async def seed_task_story(client: Any, ttl: float) -> None:
+    """Gives ``job-1`` a story for the console's task page, and holds ``job-2``.
+
+    ``job-1``: a grant, a checkpoint, a revoke, a second grant, its first fence
+    refused at ValidateFence, and an effect reserved by the second fence.
+    ``client`` is a ``leasekeeper.LeaseClient``; ``ttl`` is in seconds.
+    """
+    first = await client.claim("job-1", ttl=ttl)
+    assert first.lease is not None
+    await client.save_checkpoint("job-1", first.lease.fence, 1, b"step 1", "text/plain")
+    await client.revoke("job-1", "moved to another host")
+    second = await client.claim("job-1", ttl=ttl)
+    assert second.lease is not None
+    await client.validate_fence("job-1", first.lease.fence)  # a stale fence, refused
+    await client.begin_effect("job-1", second.lease.fence, "email:welcome", policy="ONCE")
+    await client.claim("job-2", ttl=ttl)

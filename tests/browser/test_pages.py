@@ -10,6 +10,7 @@ from playwright.async_api import expect
 
 from leasekeeper import LeaseClient
 from tests.browser.conftest import Served, Watched
+from tests.helpers import seed_task_story
 
 HOSTILE = "<script>alert(1)</script>"
 SECONDS = re.compile(r"^(\d+\.\d) s$")
@@ -19,15 +20,7 @@ async def test_namespaces_tasks_and_one_task_load(
     served: Served, watched: Watched, namespace: str
 ) -> None:
     async with LeaseClient(served.target, namespace=namespace) as client:
-        first = await client.claim("job-1", ttl=120)
-        assert first.lease is not None
-        await client.save_checkpoint("job-1", first.lease.fence, 1, b"step 1", "text/plain")
-        await client.revoke("job-1", "moved to another host")
-        second = await client.claim("job-1", ttl=120)
-        assert second.lease is not None
-        await client.validate_fence("job-1", first.lease.fence)  # a stale fence, refused
-        await client.begin_effect("job-1", second.lease.fence, "email:welcome", policy="ONCE")
-        await client.claim("job-2", ttl=120)
+        await seed_task_story(client, ttl=120)
         third = await client.claim("job-3", ttl=120)
         assert third.lease is not None
         await client.release("job-3", third.lease.fence, complete=True)

@@ -33,7 +33,7 @@ from leasekeeper_server.console.serving import ConsoleServer, address_problem, s
 from leasekeeper_server.security import tokens
 from tests.conftest import RunningServer, make_settings, running_server
 from tests.fault.processes import leasekeeper_command
-from tests.helpers import poll
+from tests.helpers import poll, seed_task_story
 from tests.integration.test_tls import Authority
 
 pytestmark = pytest.mark.timeout(90)
@@ -134,15 +134,7 @@ async def test_pages_render_namespaces_tasks_and_one_task(
     server: RunningServer, viewer: Viewer, namespace: str
 ) -> None:
     async with LeaseClient(server.target, namespace=namespace) as client:
-        first = await client.claim("job-1", ttl=30)
-        assert first.lease is not None
-        await client.save_checkpoint("job-1", first.lease.fence, 1, b"step 1", "text/plain")
-        await client.revoke("job-1", "moved to another host")
-        second = await client.claim("job-1", ttl=30)
-        assert second.lease is not None
-        await client.validate_fence("job-1", first.lease.fence)  # a stale fence, refused
-        await client.begin_effect("job-1", second.lease.fence, "email:welcome", policy="ONCE")
-        await client.claim("job-2", ttl=30)
+        await seed_task_story(client, ttl=30)
 
     home = await viewer.get("/")
     assert home.status_code == 200
