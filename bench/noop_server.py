@@ -6,7 +6,11 @@ It registers the real service name with the real request and response types,
 so the real client (``leasekeeper.LeaseClient``) can be pointed at it, but
 every unary handler answers a fixed, plausibly filled response made once at
 start-up, and Heartbeat echoes: one ``HeartbeatResponse(renewed=True,
-fence=request.fence)`` written per request read. No interceptors, no
+fence=request.fence)`` written per request read; ValidateFences likewise
+answers each message read with one message holding the fixed valid answer
+for each of its checks; Session answers each message read with one message
+holding a renewed lease for each lease its stream has added (a beat) or
+this message adds. No interceptors, no
 database, grpc's default options except ``grpc.so_reuseport`` 0. It is the
 reference "the same gRPC stack and client, with no server work".
 
@@ -117,6 +121,37 @@ class NoopLeaseService(pb_grpc.LeaseServiceServicer):
         async for request in request_iterator:
             yield pb.HeartbeatResponse(
                 fence=request.fence, expire_time=expire, remaining_ttl=remaining, renewed=True
+            )
+
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.SessionRequest], context: Any
+    ) -> AsyncIterator[pb.SessionResponse]:
+        held: dict[int, pb.SessionResponse.Held] = {}
+        expire, remaining = self._expire, self._remaining
+        async for request in request_iterator:
+            for lease_id in request.drop:
+                held.pop(lease_id, None)
+            added = []
+            for add in request.add:
+                held[add.id] = pb.SessionResponse.Held(
+                    id=add.id,
+                    fence=add.fence,
+                    expire_time=expire,
+                    remaining_ttl=remaining,
+                    renewed=True,
+                )
+                added.append(held[add.id])
+            yield pb.SessionResponse(
+                sequence=request.sequence, held=list(held.values()) if request.beat else added
+            )
+
+    async def ValidateFences(
+        self, request_iterator: AsyncIterator[pb.ValidateFencesRequest], context: Any
+    ) -> AsyncIterator[pb.ValidateFencesResponse]:
+        Answer = pb.ValidateFencesResponse.Answer
+        async for request in request_iterator:
+            yield pb.ValidateFencesResponse(
+                answers=[Answer(id=check.id, response=self._validate) for check in request.checks]
             )
 
 

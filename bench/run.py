@@ -146,12 +146,15 @@ async def measure(
         op, concurrency, duration_s or plan.duration_s, plan.warmup_s
     )
     client1, db1 = own_cpu_seconds(), command_cpu_seconds("postgres")
-    calls = max(sample.all_calls, 1)
+    # A call that makes several renewals (a Session beat) is counted per renewal: its
+    # rate and costs per renewal; its latencies stay the call's (a renewal's wait).
+    per_call = scenarios.RENEWALS_PER_CALL.get(scenario, 1)
+    calls = max(sample.all_calls, 1) * per_call
     point = Point(
         target,
         scenario,
         concurrency,
-        sample.rate,
+        sample.rate * per_call,
         sample.percentile_s(50) * 1000,
         sample.percentile_s(99) * 1000,
         sample.calls,

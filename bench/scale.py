@@ -538,16 +538,43 @@ async def probes(conn: asyncpg.Connection, namespace: str = "bench-scale") -> li
         Probe("release", "release", (*lease, False, False, ""), one),
         Probe("get_leases (1)", "get_leases", ([ns], [task]), one),
         Probe(f"get_leases ({BATCH})", "get_leases", reads, one, batched),
-        Probe("lock_lease", "lock_lease", (ns, task), one),
         Probe("revoke", "revoke", (ns, task, "probe", 0), one),
-        Probe("insert_effect", "insert_effect", (ns, task, "probe", "once", digest, fence), ledger),
-        Probe("lock_effect", "lock_effect", effect, ledger),
-        Probe("reserve_effect", "reserve_effect", (*effect, digest, fence), ledger),
         Probe(
-            "complete_effect",
-            "complete_effect",
-            (*effect, fence, "succeeded", False, b"", ""),
+            "begin_effect (1 new key)",
+            "begin_effect",
+            _columns([(ns, task, "probe", "once", digest, fence)]),
             ledger,
+        ),
+        Probe(
+            "begin_effect (1 reserved key)",
+            "begin_effect",
+            _columns([(*effect, "once", digest, fence)]),
+            ledger,
+        ),
+        Probe(
+            f"begin_effect ({BATCH} new keys)",
+            "begin_effect",
+            _columns([(n, t, "probe", "once", digest, f) for n, t, _, f in leases]),
+            ledger,
+            batched,
+        ),
+        Probe(
+            "complete_effect (1)",
+            "complete_effect",
+            _columns([(*effect, fence, "succeeded", False, b"", "", None, None, None)]),
+            ledger,
+        ),
+        Probe(
+            f"complete_effect ({BATCH})",
+            "complete_effect",
+            _columns(
+                [
+                    (n, t, EFFECT_KEY, f, "succeeded", False, b"", "", None, None, None)
+                    for n, t, _, f in leases
+                ]
+            ),
+            ledger,
+            batched,
         ),
         Probe("list_effects", "list_effects", (ns, task, "", PAGE, None), (EFFECTS_PKEY,), listed),
         Probe(

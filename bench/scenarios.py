@@ -5,11 +5,19 @@ one client per load worker (each its own owner) on one shared channel, so a
 no-op server of the same service (``bench/noop_server.py``) and the real one
 are driven by exactly the same code. The heartbeat scenario drives a raw
 bidirectional stream per worker (one write, one read per call), as the bidi
-echo reference does. The scenarios of runs (``RUN_SCENARIOS``: SaveCheckpoint,
-ListTaskHistory) call the generated stub, with the same requests whatever the
-client library's version; the suite measures them over growing tables
-(``bench/run.py``) and side by side (``bench/runs.py``), not against the no-op
-server.
+echo reference does. The streamed ValidateFence (``validate_stream``) is an
+effect gateway's: every worker checks its fence through one shared client,
+whose ``validate_fence`` sends the checks on its one ValidateFences stream
+(concurrent checks share a message); ``validate`` is the same check as a
+unary ValidateFence per call, so the two side by side give the stream's
+gain. The session scenario gives each worker one Session stream carrying
+``LEASES_PER_SESSION`` leases; a call is one beat (renewing them all) and its
+answer, and it counts as that many renewals (``RENEWALS_PER_CALL``), against
+the no-op server's echo of the same messages. The scenarios of runs
+(``RUN_SCENARIOS``: SaveCheckpoint, ListTaskHistory) call the generated stub,
+with the same requests whatever the client library's version; the suite
+measures them over growing tables (``bench/run.py``) and side by side
+(``bench/runs.py``), not against the no-op server.
 """
 
 from __future__ import annotations
@@ -32,9 +40,19 @@ from .loadgen import Op
 TTL_S = 120.0
 
 UNARY = ("claim", "claim_hot", "renew", "validate", "effect")
-SCENARIOS = (*UNARY, "heartbeat")
+# The streamed ValidateFence right after the unary one: side by side in a run.
+SCENARIOS = (
+    "claim",
+    "claim_hot",
+    "renew",
+    "validate",
+    "validate_stream",
+    "effect",
+    "heartbeat",
+    "session",
+)
 RUN_SCENARIOS = ("checkpoint", "history")
-HOLDING = ("renew", "validate", "effect", "heartbeat", *RUN_SCENARIOS)
+HOLDING = ("renew", "validate", "validate_stream", "effect", "heartbeat", *RUN_SCENARIOS)
 
 # The checkpoint every SaveCheckpoint of the benchmark writes: 4 KiB that do
 # not compress (as encoded state often does not), so PostgreSQL stores it out
@@ -51,11 +69,19 @@ TITLES = {
     "claim_hot": "Claim (one hot task)",
     "renew": "Renew",
     "validate": "ValidateFence",
+    "validate_stream": "ValidateFence (stream)",
     "effect": "BeginEffect+CompleteEffect",
     "heartbeat": "Heartbeat renewal",
+    "session": "Session renewal",
     "checkpoint": "SaveCheckpoint (4 KiB)",
     "history": "ListTaskHistory (one task)",
 }
+
+
+# A worker's leases on its one Session stream: each beat renews them all.
+LEASES_PER_SESSION = 10
+# Renewals one call of a scenario makes: its rate and costs are counted per renewal.
+RENEWALS_PER_CALL = {"session": LEASES_PER_SESSION}
 
 
 @dataclass
@@ -81,9 +107,18 @@ async def scenario_op(
     """
     async with grpc.aio.insecure_channel(target) as channel:
         clients = [
-            LeaseClient(namespace=namespace, owner_id=f"{run_id}-w{i}", channel=channel)
+            LeaseClient(
+                namespace=namespace,
+                owner_id=f"{run_id}-w{i}",
+                channel=channel,
+                validate_stream=scenario == "validate_stream",
+            )
             for i in range(concurrency)
         ]
+        if scenario == "session":
+            async with _sessions(channel, namespace, clients, run_id) as op:
+                yield op
+            return
         held: list[Held] = []
         if scenario in HOLDING:
             for i, client in enumerate(clients):
@@ -174,6 +209,17 @@ def _unary_op(scenario: str, clients: list[LeaseClient], held: list[Held], run_i
             return check
 
         return validate
+    if scenario == "validate_stream":
+        gateway = clients[0]  # one client, one ValidateFences stream, as an effect gateway has
+
+        async def validate_stream(w: int, c: int) -> object:
+            lease = held[w]
+            check = await gateway.validate_fence(lease.task_id, lease.fence)
+            if not check.valid:
+                raise AssertionError(f"fence {lease.fence} refused: {check}")
+            return check
+
+        return validate_stream
     if scenario == "effect":
 
         async def effect(w: int, c: int) -> object:
@@ -222,6 +268,63 @@ async def _streams(
             return reply
 
         yield heartbeat
+    finally:
+        for call in calls:
+            with contextlib.suppress(Exception):
+                await call.done_writing()
+            call.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _sessions(
+    channel: grpc.aio.Channel, namespace: str, clients: list[LeaseClient], run_id: str
+) -> AsyncIterator[Op]:
+    """One open Session stream per worker with LEASES_PER_SESSION leases; a call is one beat.
+
+    Every beat must come back with each of the worker's leases renewed.
+    """
+    stub = clients[0].stub
+    ttl = duration_pb2.Duration(seconds=int(TTL_S))
+    calls: list[Any] = []
+    sequences: list[int] = []
+    try:
+        for w, client in enumerate(clients):
+            adds = []
+            for i in range(LEASES_PER_SESSION):
+                result = await client.claim(f"{run_id}-s{w}-{i}", ttl=TTL_S)
+                assert result.acquired and result.lease is not None, result
+                adds.append(
+                    pb.SessionRequest.Add(
+                        id=i + 1,
+                        namespace=namespace,
+                        task_id=result.lease.task_id,
+                        owner_id=client.owner_id,
+                        fence=result.lease.fence,
+                        ttl=ttl,
+                    )
+                )
+            call = stub.Session()
+            await call.write(pb.SessionRequest(sequence=1, add=adds))
+            first = await call.read()
+            assert len(first.held) == LEASES_PER_SESSION, first
+            calls.append(call)
+            sequences.append(1)
+
+        async def session(w: int, c: int) -> object:
+            call = calls[w]
+            sequences[w] += 1
+            await call.write(pb.SessionRequest(sequence=sequences[w], beat=True))
+            reply = await call.read()
+            if (
+                reply is grpc.aio.EOF
+                or reply.sequence != sequences[w]
+                or len(reply.held) != LEASES_PER_SESSION
+                or not all(held.renewed for held in reply.held)
+            ):
+                raise AssertionError(f"beat not renewed: {reply}")
+            return reply
+
+        yield session
     finally:
         for call in calls:
             with contextlib.suppress(Exception):

@@ -9,12 +9,15 @@
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._checkpoint import Checkpoint, CheckpointLike
 from ._effect_record import EffectRecord
 from ._trust import Clock
 from ._types import BeginResult, ClaimResult, FenceCheck, LeaseInfo, Seconds
+
+if TYPE_CHECKING:
+    from ._session import SessionKeeper
 
 
 class FenceValidator(Protocol):
@@ -96,6 +99,8 @@ class HoldingClient(EffectCalls, CheckpointCalls, Protocol):
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None: ...
 
     def _open_heartbeat(self) -> Any: ...
+
+    def _session_keeper(self) -> SessionKeeper | None: ...
 
     def _mark_held(self, task_id: str) -> bool: ...
 

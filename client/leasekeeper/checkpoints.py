@@ -16,10 +16,11 @@ overwrite its replacement's progress.
 
 :class:`CheckpointWriter` saves a held lease's checkpoints. While the lease's
 heartbeat stream is open it carries each one on a beat (no extra call: the
-beat's renewal writes it); otherwise, and whenever the stream cannot say
-whether it was stored, it asks SaveCheckpoint, which decides (the same
-version written again with the same data answers OK). Saves of one lease go
-one at a time.
+beat's renewal writes it); otherwise (a lease kept by the client's Session
+stream too: a session carries no checkpoints, see ``_session.py``), and
+whenever the stream cannot say whether it was stored, it asks
+SaveCheckpoint, which decides (the same version written again with the same
+data answers OK). Saves of one lease go one at a time.
 """
 
 from __future__ import annotations

@@ -112,6 +112,11 @@ def fence_from_metadata(metadata: Metadata | None) -> FenceRef:
 class FenceChecker:
     """Checks fences with ValidateFence, right before an effect.
 
+    The checks go through ``client.validate_fence``: with a ``LeaseClient``,
+    on its one ValidateFences stream (concurrent checks share it; the answers
+    are decided on the database clock after each check arrives, as a unary
+    call's), or one unary call each with ``validate_stream=False``.
+
     Args:
         client: A client of the lease service (its namespace is not used: each
             check names its own).
@@ -200,8 +205,9 @@ class FenceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     For each protected method the interceptor reads ``leasekeeper-namespace``,
     ``leasekeeper-task-id`` and ``leasekeeper-fence`` from the invocation
-    metadata and checks the fence with ValidateFence. Rejections (the handler
-    never runs):
+    metadata and checks the fence with ValidateFence, through the checker's
+    client (a ``LeaseClient`` sends every check on its one ValidateFences
+    stream). Rejections (the handler never runs):
 
     * ABORTED, ErrorInfo reason ``FENCE_MISSING`` (metadata ``key``): a key is
       absent or malformed;
@@ -210,7 +216,8 @@ class FenceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     * INVALID_ARGUMENT, reason ``INVALID_ARGUMENT`` (metadata ``field``): the
       lease service refused the namespace or task id;
     * UNAVAILABLE, reason ``FENCE_CHECK_FAILED`` (metadata ``cause``): the lease
-      service could not answer. The interceptor fails closed.
+      service could not answer, or the stream the check was sent on broke
+      before its answer came. The interceptor fails closed.
 
     This is the check-just-before pattern: the lease can still be lost between
     this check and the effect. A handler that wants no window re-checks the

@@ -5,7 +5,9 @@
 
 Entering claims the task (waiting for it if asked, see :mod:`leasekeeper._acquire`),
 sets the trust deadline from the claim, and starts one heartbeat stream renewing
-every ``heartbeat_interval`` (ttl / 3 by default). A grant that arrives after its
+every ``heartbeat_interval`` (ttl / 3 by default); while the client keeps more
+than one lease, its one Session stream renews them all instead (the same
+trust deadlines, losses and exits: :mod:`leasekeeper._session`). A grant that arrives after its
 own trust deadline (a late reply) raises ``LeaseLost`` at once: no heartbeat is
 opened and nothing is sent for that fence. While the block runs the heartbeat
 moves the deadline after each confirmed renewal (``send_time + remaining_ttl -
@@ -53,6 +55,7 @@ from ._acquire import acquire
 from ._checkpoint import Checkpoint, CheckpointLike
 from ._heartbeat import STOP_TIMEOUT_S, HeartbeatKeeper, beat_interval_s
 from ._ports import HoldingClient
+from ._session import SessionKeeper, SessionLease
 from ._trust import TrustWindow, default_safety_margin
 from ._types import ClaimResult, LeaseInfo, to_duration
 from .checkpoints import CheckpointWriter
@@ -190,6 +193,9 @@ class HeldLease:
         self._checkpoints = CheckpointWriter(client, info.task_id, info.fence, checkpoint)
         self._window = window
         self._keeper: HeartbeatKeeper | None = None
+        self._renewing: tuple[float | None, float] | None = None  # (ttl_s, interval_s), once kept
+        self._sessions: SessionKeeper | None = None  # the client's session, when it has one
+        self._session: SessionLease | None = None  # this lease's place in it
         self._state = LeaseState.HOLDING
         self._loss: LeaseLost | None = None
         self._body = body  # None once the block has ended: no cancellation lands then
@@ -245,7 +251,8 @@ class HeldLease:
 
         The grant's, then this lease's own saves and what each heartbeat answer tells.
         """
-        return self._checkpoints.known_version(self._keeper)
+        heard = self._session.stored_checkpoint_version if self._session is not None else 0
+        return max(self._checkpoints.known_version(self._keeper), heard)
 
     async def save_checkpoint(
         self, version: int, data: bytes, content_type: str = ""
@@ -283,8 +290,10 @@ class HeldLease:
             LeaseUnavailable: UNAVAILABLE; safe to call again.
 
         """
+        # In a session a checkpoint is not carried (see _session.py): SaveCheckpoint.
+        stream = self._keeper if self._session is None else None
         return await self._checkpoints.save(
-            version, data, content_type, stream=self._keeper, check=self.check
+            version, data, content_type, stream=stream, check=self.check
         )
 
     @property
@@ -409,6 +418,8 @@ class HeldLease:
         lease lost and the block cancelled. A holder that would rather not start
         a step it cannot finish within :meth:`remaining_s` checks it between steps.
         """
+        if self._session is not None:
+            return self._session.renewal_error
         return self._keeper.renewal_error if self._keeper is not None else None
 
     async def complete(self) -> LeaseInfo:
@@ -504,15 +515,16 @@ class HeldLease:
             raise
         self._info = info
         self._move(ended)
-        if self._keeper is not None:
-            await self._keeper.stop()
+        await self._stop_renewing(STOP_TIMEOUT_S)
         return info
 
     def keep_renewed(self, *, ttl_s: float | None, interval_s: float) -> None:
-        """Start the heartbeat that renews this lease every ``interval_s`` seconds.
+        """Start renewing this lease every ``interval_s`` seconds.
 
         Called once, by ``hold()`` on entering its block; a loss the heartbeat
-        reports cancels the block.
+        (or the session) reports cancels the block. While it is the only lease
+        its client keeps, a heartbeat stream of its own renews it; when the
+        client keeps several, the client's session does (``_session.py``).
 
         Args:
             ttl_s: The ttl each renewal asks for, in seconds; None for the server's default.
@@ -522,8 +534,19 @@ class HeldLease:
             RuntimeError: The heartbeat was already started.
 
         """
-        if self._keeper is not None:
+        if self._renewing is not None:
             raise RuntimeError("the heartbeat of a HeldLease is started only once")
+        self._renewing = (ttl_s, interval_s)
+        self._sessions = self._client._session_keeper()
+        if self._sessions is not None and self._sessions.hold(self):
+            self.enter_session(self._sessions)
+        else:
+            self._start_heartbeat()
+
+    def _start_heartbeat(self) -> None:
+        """Renew the lease on a Heartbeat stream of its own."""
+        assert self._renewing is not None
+        ttl_s, interval_s = self._renewing
         first = pb.HeartbeatRequest(
             namespace=self.namespace,
             task_id=self.task_id,
@@ -540,6 +563,57 @@ class HeldLease:
             clock=self._client.clock,
         )
         self._keeper.start()
+
+    def enter_session(self, keeper: SessionKeeper) -> None:
+        """Be renewed by the client's session from now on (``SessionKeeper.hold`` moves it).
+
+        A heartbeat this lease has goes on until the session has confirmed a
+        renewal, then stops (half-closed: the lease stays HELD); until then both
+        renew it, and a loss either reports counts once.
+        """
+        if self._session is not None or self._renewing is None or self.lost:
+            return
+        ttl_s, interval_s = self._renewing
+        add = pb.SessionRequest.Add(
+            namespace=self.namespace,
+            task_id=self.task_id,
+            owner_id=self.owner_id,
+            fence=self.fence,
+            ttl=to_duration(ttl_s, "ttl"),
+        )
+        self._session = keeper.add(
+            add,
+            interval_s=interval_s,
+            window=self._window,
+            on_lost=self._on_heartbeat_lost,
+            fallback=self._leave_session,
+        )
+        if self._keeper is not None:
+            self._client._spawn(
+                self._retire_heartbeat(self._session, self._keeper),
+                name=f"leasekeeper-retire-{self.task_id}",
+            )
+
+    async def _retire_heartbeat(self, session: SessionLease, keeper: HeartbeatKeeper) -> None:
+        """Stops ``keeper`` once ``session`` has confirmed a renewal of this lease."""
+        await session.settled.wait()
+        if session.lost is None and not session.stopped:
+            await keeper.stop()
+
+    def _leave_session(self) -> None:
+        """The server has no Session: back to a heartbeat of its own."""
+        self._session = None
+        if self._keeper is None or not self._keeper.running:
+            self._start_heartbeat()
+
+    async def _stop_renewing(self, timeout_s: float) -> None:
+        """Stop the heartbeat and leave the session (within ``timeout_s`` each). Idempotent."""
+        if self._sessions is not None:
+            self._sessions.release(self)
+        if self._keeper is not None:
+            await self._keeper.stop(timeout_s=timeout_s)
+        if self._session is not None:
+            await self._session.stop(timeout_s)
 
     async def end_block(self, *, release: bool) -> BlockEnd:
         """The ``hold()`` block has ended: stop the heartbeat and release (best effort).
@@ -562,9 +636,8 @@ class HeldLease:
         cancelled_for = (loss or self._window_loss()) if self._cancelled else None
         if self._state is LeaseState.HOLDING:
             self._move(LeaseState.RELEASING)
-        if self._keeper is not None:
-            # After a loss there is no OK to wait for: cancel the stream at once.
-            await self._keeper.stop(timeout_s=0.0 if self.lost else STOP_TIMEOUT_S)
+        # After a loss there is no OK to wait for: cancel the stream (or drop from the session).
+        await self._stop_renewing(0.0 if self.lost else STOP_TIMEOUT_S)
         if release and self._state not in _ENDED:
             late_loss = self.loss  # judged again: the trust deadline may have passed while stopping
             if late_loss is None:

@@ -1,12 +1,13 @@
 """The composition root: wires settings, database, store, streams and the gRPC server.
 
-Start-up order: check that the database connection keeps its session
-(pooling.py: no transaction- or statement-mode pooler), migrate, open the pool, listen for
-lease notifications, serve. Shutdown (SIGTERM/SIGINT) order: health NOT_SERVING, set the
-server-wide shutdown signal (``LeaseServer.shutdown``, the one every long call waits on:
-Heartbeat and Watch streams and waiting claims end UNAVAILABLE, the leases live on in the
-database), stop taking calls and let unary calls finish within the grace period, close the
-database.
+Start-up order: check what the database URL leads to against the pool mode
+(pooling.py: no statement-mode pooler; a transaction-mode one only in transaction mode) and
+that the direct URL keeps its session, migrate (over the direct URL), open the pools, listen
+for lease notifications (over the direct URL), serve. Shutdown (SIGTERM/SIGINT) order:
+health NOT_SERVING, set the server-wide shutdown signal (``LeaseServer.shutdown``, the one
+every long call waits on: Heartbeat and Watch streams and waiting claims end UNAVAILABLE,
+the leases live on in the database), stop taking calls and let unary calls finish within
+the grace period, close the database.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from leasekeeper_server.rpc.heartbeat import HeartbeatService
 from leasekeeper_server.rpc.paging import PageTokens
 from leasekeeper_server.rpc.service import SERVICE_NAME
 from leasekeeper_server.rpc.servicer import LeaseServicer, method_handlers
+from leasekeeper_server.rpc.session import SessionService
 from leasekeeper_server.rpc.watch import WatchService
 from leasekeeper_server.security.authenticator import Authenticator
 from leasekeeper_server.security.interceptor import AuthInterceptor
@@ -42,7 +44,7 @@ from leasekeeper_server.storage.embedded import EmbeddedPostgres
 from leasekeeper_server.storage.events import LeaseEvents
 from leasekeeper_server.storage.ledger import EffectLedger
 from leasekeeper_server.storage.migrate import migrate
-from leasekeeper_server.storage.pooling import check_session_pooling
+from leasekeeper_server.storage.pooling import check_direct, check_pool_mode, direct_connection
 from leasekeeper_server.storage.pruner import HistoryPruner
 from leasekeeper_server.storage.store import Store
 from leasekeeper_server.storage.sweeper import ExpirySweeper
@@ -93,25 +95,43 @@ def resolve_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
     return embedded.start(), embedded
 
 
-async def prepare_database(dsn: str, connect_timeout_s: float) -> None:
-    """Refuses a pooler that cannot work (pooling.py), then applies the migrations.
+def direct_database(settings: Settings, dsn: str) -> str:
+    """The URL of connections that keep their session: ``direct_database_url``, else ``dsn``.
 
-    Before migrating: under transaction pooling the migration's own statements
-    and session lock already fail. Run by every LeaseServer's start, and once by
-    the ``serve --workers`` supervisor before its workers.
+    The notification listener, the sweeper's election, the migrations and the
+    ``tokens`` and ``limits`` commands connect there (pooling.py).
+    """
+    return settings.direct_database_url or dsn
+
+
+async def prepare_database(dsn: str, settings: Settings) -> None:
+    """Refuses a pooler that cannot work in the pool mode (pooling.py), then applies the migrations.
+
+    Before migrating: a pooler in the wrong mode is said in one line rather
+    than found by a migration that fails. Run by every LeaseServer's start, and
+    once by the ``serve --workers`` supervisor before its workers.
 
     Args:
-        dsn: The PostgreSQL URL.
-        connect_timeout_s: The pooling probe's longest wait, seconds.
+        dsn: The PostgreSQL URL (``database_url``, or the embedded PostgreSQL's).
+        settings: The pool mode, the direct URL, and the probes' longest wait
+            (``connect_timeout_s``).
 
     Raises:
         DatabaseUnavailable: the database cannot be reached.
         TransactionPooling: (a DatabaseRefused) the URL leads to a pooler in
-            transaction or statement mode.
+            statement mode, or in transaction mode while the pool mode is session.
+        DirectDatabaseRefused: (a DatabaseRefused) the direct URL is refused
+            for good, or does not keep its session.
         DatabaseRefused: the database refuses the connection for good.
     """
-    await check_session_pooling(dsn, connect_timeout_s)
-    await migrate(dsn)
+    await check_pool_mode(dsn, settings.database_pool_mode, settings.connect_timeout_s)
+    direct = settings.direct_database_url
+    if direct is None:  # database_url keeps its session: the probe said so
+        await migrate(dsn)
+        return
+    await check_direct(direct, settings.connect_timeout_s)
+    with direct_connection():
+        await migrate(direct)
 
 
 class LeaseServer:
@@ -132,12 +152,14 @@ class LeaseServer:
         """
         self.settings = settings
         self._dsn = database_url
+        self._direct_dsn = direct_database(settings, database_url)
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._store: Store | None = None
         self._events: LeaseEvents | None = None
         self._health: HealthMonitor | None = None
         self.heartbeats: HeartbeatService | None = None
+        self.sessions: SessionService | None = None
         self.watches: WatchService | None = None
         self.sweeper: ExpirySweeper | None = None
         self.pruner: HistoryPruner | None = None
@@ -165,7 +187,10 @@ class LeaseServer:
             RuntimeError: the listen address cannot be bound.
             ValueError: the token file or the TLS files cannot be loaded.
             TransactionPooling: (a DatabaseRefused) the database URL leads to
-                a pooler in transaction or statement mode.
+                a pooler in statement mode, or in transaction mode while the
+                pool mode is session.
+            DirectDatabaseRefused: (a DatabaseRefused) the direct URL is
+                refused for good, or does not keep its session.
         """
         s = self.settings
         # Files first: a bad token file or certificate fails the start at once.
@@ -173,21 +198,28 @@ class LeaseServer:
         self.certificates = CertificateFiles(tls_files) if tls_files else None
         token_file = TokenFile(s.tokens_file) if auth_enabled(s) and s.tokens_file else None
         log_startup(s, tls=tls_files is not None)
-        await prepare_database(self._dsn, s.connect_timeout_s)
+        await prepare_database(self._dsn, s)
         self._store = store = await Store.open(self._dsn, s, self.metrics.db_statements.inc)
         page_tokens = PageTokens(await store.page_token_key())
-        self._events = LeaseEvents(self._dsn, s.health_interval_s, s.connect_timeout_s)
+        self._events = LeaseEvents(self._direct_dsn, s.health_interval_s, s.connect_timeout_s)
         await self._events.start()
         self.heartbeats = HeartbeatService(
             store, self._events, s, self.metrics, shutdown=self.shutdown
         )
+        self.sessions = SessionService(store, self._events, s, self.metrics, shutdown=self.shutdown)
         self.watches = WatchService(store, self._events, s, shutdown=self.shutdown)
         await self._load_limits()
         self._events.on_config(self._on_config_change)
         self._limits_task = asyncio.create_task(self._refresh_limits(), name="leasekeeper-limits")
-        self.sweeper = ExpirySweeper(self._dsn, store, self.metrics, s, self._events)
+        self.sweeper = ExpirySweeper(self._direct_dsn, store, self.metrics, s, self._events)
         self.pruner = HistoryPruner(store, s)
-        self._health = HealthMonitor(store, [SERVICE_NAME], s.health_interval_s)
+        self._health = HealthMonitor(
+            store,
+            [SERVICE_NAME],
+            s.health_interval_s,
+            self._events,
+            f"LEASEKEEPER_{'DIRECT_' if s.direct_database_url else ''}DATABASE_URL",
+        )
 
         pool = store.pool  # read-only gauges of the pool's state
         self.metrics.watch_pool(pool.get_size, pool.get_idle_size, pool.get_max_size())
@@ -220,6 +252,7 @@ class LeaseServer:
                         watches=self.watches,
                         page_tokens=page_tokens,
                         shutdown=self.shutdown,
+                        sessions=self.sessions,
                     )
                 ),
             )

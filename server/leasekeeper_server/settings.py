@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -80,9 +80,30 @@ class Settings(BaseSettings):
         default=None,
         description="PostgreSQL URL (postgresql://user@host:port/db), PostgreSQL 13 or newer. "
         "Unset: an embedded PostgreSQL in data_dir. Checked at start by asyncpg's own URL "
-        "parser (and ports 1..65535): a URL it cannot use exits 2 at once. Through a pooler, "
-        "each connection must keep its session (PgBouncer pool_mode=session): a pooler in "
-        "transaction or statement mode is found at start and refused (exit 2).",
+        "parser (and ports 1..65535): a URL it cannot use exits 2 at once. Through a pooler: "
+        "PgBouncer pool_mode=session, or pool_mode=transaction with database_pool_mode "
+        "transaction; what the URL leads to is probed at start, and a pooler in statement "
+        "mode, or in transaction mode while database_pool_mode is session, exits 2.",
+    )
+    database_pool_mode: Literal["session", "transaction"] = Field(
+        default="session",
+        description="What database_url's connections keep. session: each its own PostgreSQL "
+        "session (PostgreSQL itself, PgBouncer pool_mode=session). transaction: a session per "
+        "transaction (PgBouncer pool_mode=transaction): no prepared statement is kept, each "
+        "statement runs in a transaction of its own that sets its timeouts (SET LOCAL), and "
+        "notifications, migrations and the expiry sweeper's election use direct_database_url "
+        "(required). Explicit rather than detected: the direct URL is needed anyway, and a "
+        "pooler reconfigured later is refused at the next start instead of silently served "
+        "differently.",
+    )
+    direct_database_url: str | None = Field(
+        default=None,
+        validate_default=True,
+        description="PostgreSQL URL of a connection that keeps its session (PostgreSQL itself, "
+        "never a transaction pooler) for the notification listener (LISTEN), the migrations' "
+        "lock and the expiry sweeper's election (session advisory locks); the `migrate`, "
+        "`tokens` and `limits` commands use it too. Unset: database_url. Required when "
+        "database_pool_mode is transaction; checked at start like database_url.",
     )
     data_dir: Path = Field(
         default_factory=default_data_dir,
@@ -347,6 +368,36 @@ class Settings(BaseSettings):
     def _check_database_url(cls, value: str | None) -> str | None:
         """A URL asyncpg can connect with (database_url_problem); empty: unset."""
         problem = database_url_problem(value) if value else None
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("database_pool_mode")
+    @classmethod
+    def _check_pool_mode(cls, value: str, info: ValidationInfo) -> str:
+        """Transaction mode names a pooler: it needs database_url (not the embedded PostgreSQL)."""
+        if value == "transaction" and "database_url" in info.data and not info.data["database_url"]:
+            raise ValueError(
+                "transaction needs LEASEKEEPER_DATABASE_URL (the pooler's URL); "
+                "the embedded PostgreSQL is reached directly"
+            )
+        return value
+
+    @field_validator("direct_database_url")
+    @classmethod
+    def _check_direct_database_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A URL asyncpg can use, beside database_url; required in transaction mode."""
+        if not value:
+            if info.data.get("database_pool_mode") == "transaction":
+                raise ValueError(
+                    "required when LEASEKEEPER_DATABASE_POOL_MODE=transaction: the notification "
+                    "listener (LISTEN), the migrations' lock and the expiry sweeper's election "
+                    "need a connection to PostgreSQL itself that keeps its session"
+                )
+            return None
+        if "database_url" in info.data and not info.data["database_url"]:
+            raise ValueError("needs LEASEKEEPER_DATABASE_URL: the embedded PostgreSQL is direct")
+        problem = database_url_problem(value)
         if problem:
             raise ValueError(problem)
         return value

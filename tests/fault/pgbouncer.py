@@ -3,10 +3,12 @@
 ``pgbouncer(database_url, pool_mode)`` starts Debian's ``pgbouncer`` (``.ci/run``
 installs it) with a config written to a folder of its own: it listens on a
 free loopback port, forwards every database name to the test database's
-PostgreSQL as the URL's role (``auth_type = any``: no passwords), and ignores
-the session settings the service sends as startup parameters (PgBouncer
-refuses unknown ones). PgBouncer will not run as root: as root it is started
-with ``-u postgres`` (or ``nobody``), so its folder is world-readable.
+PostgreSQL as the URL's role (``auth_type = any``: no passwords), with at most
+``pool_size`` PostgreSQL sessions per database and role, and ignores the
+startup parameters named (by default the session settings a server in session
+mode sends; PgBouncer refuses unknown ones). PgBouncer will not run as root:
+as root it is started with ``-u postgres`` (or ``nobody``), so its folder is
+world-readable.
 
 Skips the test, saying why, only when ``pgbouncer`` is not installed or the
 test database is reached through a Unix socket (the embedded PostgreSQL).
@@ -22,6 +24,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -34,6 +37,8 @@ from tests.helpers import poll
 # PgBouncer's startup, seconds; a port taken between our choice and its bind is tried again.
 START_WITHIN_S = 10.0
 _PORT_TRIES = 3
+# The session settings a server in session mode sends when it connects (store.connection_settings).
+SESSION_SETTINGS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
 
 
 class PgBouncer:
@@ -77,7 +82,16 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _config(database_url: str, port: int, pool_mode: str) -> str:
+@dataclass(frozen=True)
+class Config:
+    """What a test asks of its PgBouncer (pgbouncer.ini's settings of the same names)."""
+
+    pool_mode: str
+    pool_size: int = 20  # default_pool_size: PostgreSQL sessions per database and role
+    ignore_startup_parameters: tuple[str, ...] = SESSION_SETTINGS
+
+
+def _config(database_url: str, port: int, config: Config) -> str:
     host, db_port = database_address(database_url)
     if host.startswith("/"):
         pytest.skip(
@@ -97,9 +111,11 @@ def _config(database_url: str, port: int, pool_mode: str) -> str:
             f"listen_port = {port}",
             "unix_socket_dir =",
             "auth_type = any",
-            f"pool_mode = {pool_mode}",
-            "ignore_startup_parameters = "
-            "statement_timeout,lock_timeout,idle_in_transaction_session_timeout",
+            f"pool_mode = {config.pool_mode}",
+            f"default_pool_size = {config.pool_size}",
+            f"ignore_startup_parameters = {','.join(config.ignore_startup_parameters)}",
+            # After a failed connection to PostgreSQL, try again in a second (15 by default).
+            "server_login_retry = 1",
             "",
         ]
     )
@@ -124,17 +140,17 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
             await proc.wait()
 
 
-async def _start(command: list[str], folder: Path, database_url: str, pool_mode: str) -> PgBouncer:
+async def _start(command: list[str], folder: Path, database_url: str, config: Config) -> PgBouncer:
     """Starts pgbouncer on a free port and waits until it answers, or until it exits."""
     port = _free_port()
-    config = folder / "pgbouncer.ini"
-    config.write_text(_config(database_url, port, pool_mode))
-    config.chmod(0o644)
+    ini = folder / "pgbouncer.ini"
+    ini.write_text(_config(database_url, port, config))
+    ini.chmod(0o644)
     log_path = folder / "pgbouncer.log"
     with log_path.open("ab") as log_file:
         proc = await asyncio.create_subprocess_exec(
             *command,
-            str(config),
+            str(ini),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log_file,
             stderr=asyncio.subprocess.STDOUT,
@@ -153,17 +169,26 @@ async def _start(command: list[str], folder: Path, database_url: str, pool_mode:
 
 
 @contextlib.asynccontextmanager
-async def pgbouncer(database_url: str, pool_mode: str) -> AsyncIterator[PgBouncer]:
-    """A pgbouncer in ``pool_mode`` (session, transaction or statement) before the test database.
+async def pgbouncer(
+    database_url: str,
+    pool_mode: str,
+    *,
+    pool_size: int = 20,
+    ignore_startup_parameters: tuple[str, ...] = SESSION_SETTINGS,
+) -> AsyncIterator[PgBouncer]:
+    """A pgbouncer in ``pool_mode`` (session, transaction or statement) before ``database_url``.
 
-    Stopped (SIGTERM, then SIGKILL) on exit.
+    ``pool_size``: its PostgreSQL sessions per database and role (fewer than a
+    server's connections: they must share them). Stopped (SIGTERM, then
+    SIGKILL) on exit.
     """
+    config = Config(pool_mode, pool_size, ignore_startup_parameters)
     command = [_binary(), *_run_as()]
     with tempfile.TemporaryDirectory(prefix="leasekeeper-pgbouncer-") as name:
         os.chmod(name, 0o755)  # readable by the user pgbouncer switches to
         folder = Path(name)
         for _ in range(_PORT_TRIES):
-            bouncer = await _start(command, folder, database_url, pool_mode)
+            bouncer = await _start(command, folder, database_url, config)
             if bouncer.proc.returncode is None:
                 break
             # It exited: most likely its port was taken since we chose it; another one.

@@ -314,7 +314,10 @@ async def test_three_replicas_one_killed_one_restarted_leases_kept_and_never_dou
         channels = [
             grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in range(CLIENTS)
         ]
-        clients = [LeaseClient(channel=ch, namespace=namespace) for ch in channels]
+        # A heartbeat per lease (sessions=False): each client's streams are to land on three
+        # replicas. (A client keeping several leases otherwise puts them on one Session
+        # stream, one replica; its resumption is tests/integration/test_session.py's.)
+        clients = [LeaseClient(channel=ch, namespace=namespace, sessions=False) for ch in channels]
         work: list[asyncio.Task[None]] = []
         try:
             # 1. Every client connected to every replica, then the holders start.

@@ -76,6 +76,16 @@ def request_for(method: str, namespace: str, fence: int = 1) -> Any:
         "Cancel": lambda: pb.CancelRequest(**lease, reason="test"),
         "Retry": lambda: pb.RetryRequest(**lease, reason="test"),
         "ListTaskHistory": lambda: pb.ListTaskHistoryRequest(**lease),
+        "Session": lambda: pb.SessionRequest(
+            sequence=1, add=[pb.SessionRequest.Add(id=1, **owned)], beat=True
+        ),
+        "ValidateFences": lambda: pb.ValidateFencesRequest(
+            checks=[
+                pb.ValidateFencesRequest.Check(
+                    id=1, request=pb.ValidateFenceRequest(**lease, fence=fence)
+                )
+            ]
+        ),
     }[method]()
 
 
@@ -84,8 +94,8 @@ async def invoke(
 ) -> Any:
     """Calls ``method``; for the streams, returns their first response."""
     request = request_for(method, namespace, fence)
-    if method == "Heartbeat":
-        call = stub.Heartbeat(metadata=metadata)
+    if method in ("Heartbeat", "ValidateFences", "Session"):
+        call = getattr(stub, method)(metadata=metadata)
         await call.write(request)
         try:
             return await asyncio.wait_for(call.read(), 5)
@@ -151,7 +161,12 @@ async def claimed(stub: rpc.LeaseServiceStub, namespace: str, admin: str) -> int
 def test_request_table_covers_every_rpc() -> None:
     names = {m.name for m in SERVICE.methods}
     for name in names - auth.UNSCOPED_METHODS:
-        assert request_for(name, "n").namespace == "n"
+        request = request_for(name, "n")
+        if name == "ValidateFences":  # each check names its own namespace
+            request = request.checks[0].request
+        if name == "Session":  # each lease added names its own namespace
+            request = request.add[0]
+        assert request.namespace == "n"
     for name in auth.UNSCOPED_METHODS:  # no namespace: the answer leaves out what is not covered
         assert "namespace" not in request_for(name, "n").DESCRIPTOR.fields_by_name
     assert set().union(*auth.ROLE_METHODS.values()) | auth.UNSCOPED_METHODS <= names
@@ -216,7 +231,12 @@ async def test_worker_token_in_another_namespace_is_denied_and_task_unchanged(
         ("effect", "Renew", False),
         ("effect", "Release", False),
         ("effect", "Heartbeat", False),
+        ("effect", "Session", False),
+        ("worker", "Session", True),
         ("effect", "ValidateFence", True),
+        ("effect", "ValidateFences", True),
+        ("worker", "ValidateFences", False),
+        ("admin", "ValidateFences", True),
         ("effect", "GetLease", True),
         ("effect", "BeginEffect", True),
         ("effect", "ListEffects", True),

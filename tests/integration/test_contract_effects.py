@@ -341,7 +341,7 @@ async def test_begin_reads_the_clock_after_the_row_lock(stub, namespace, db, mon
 async def test_a_lease_that_runs_out_while_waiting_for_the_effect_row_is_refused(
     stub, namespace, db, monitor, call
 ):
-    """The answer is judged by the transaction's last statement, not by its first."""
+    """The answer is judged on the clock read after the effect's row is held, not before."""
     await h.grant(stub, namespace, "t", "a", ttl_s=0.4)
     await begin(stub, namespace, 1)
     if call == "begin":  # a retryable failure: the next begin would PROCEED

@@ -139,6 +139,23 @@ REQUESTS: dict[str, Callable[[str], Message]] = {
         namespace=ns, task_id="t", page_size=10
     ),
     "Watch": lambda ns: pb.WatchRequest(namespace=ns, task_id="t"),
+    "Session": lambda ns: pb.SessionRequest(
+        sequence=1,
+        add=[
+            pb.SessionRequest.Add(
+                id=1, namespace=ns, task_id="t", owner_id="a", fence=1, ttl=dur(7)
+            )
+        ],
+        drop=[9],
+        beat=True,
+    ),
+    "ValidateFences": lambda ns: pb.ValidateFencesRequest(
+        checks=[
+            pb.ValidateFencesRequest.Check(
+                id=1, request=pb.ValidateFenceRequest(namespace=ns, task_id="t", fence=1)
+            )
+        ]
+    ),
 }
 
 UNARY = [m.name for m in SERVICE.methods if not m.client_streaming and not m.server_streaming]
@@ -233,6 +250,45 @@ async def test_watch_field_with_wrong_wire_type_invalid_argument_names_it(channe
     for path, mistyped in _mistyped_copies(request.DESCRIPTOR):
         error = await _stream_error(watch(request.SerializeToString() + mistyped))
         _assert_names(error, path)
+
+
+async def test_validate_fences_message_with_wrong_wire_type_invalid_argument_names_it(
+    channel, namespace
+):
+    request = REQUESTS["ValidateFences"](namespace)
+    open_stream = channel.stream_stream(
+        _path("ValidateFences"), request_serializer=None, response_deserializer=None
+    )
+
+    named = []
+    for path, mistyped in _mistyped_copies(request.DESCRIPTOR):
+        call = open_stream()
+        await call.write(request.SerializeToString() + mistyped)
+        _assert_names(await _stream_error(call), path)  # the checks cannot be told apart
+        named.append(path)
+    assert "checks.request.fence" in named
+
+
+async def test_session_message_with_wrong_wire_type_invalid_argument_names_it(
+    stub, channel, namespace, db
+):
+    await _leased(stub, namespace)
+    before = await row(db, namespace, "t")
+    request = REQUESTS["Session"](namespace)
+    open_stream = channel.stream_stream(
+        _path("Session"), request_serializer=None, response_deserializer=None
+    )
+
+    named = []
+    for path, mistyped in _mistyped_copies(request.DESCRIPTOR):
+        if path == "drop":  # a repeated varint sent length-delimited is its packed form: valid
+            continue
+        call = open_stream()
+        await call.write(request.SerializeToString() + mistyped)
+        _assert_names(await _stream_error(call), path)  # the answers could not be matched
+        named.append(path)
+    assert {"sequence", "add.fence", "add.ttl.seconds", "beat"} <= set(named)
+    assert await row(db, namespace, "t") == before  # no add of a mistyped message renewed
 
 
 def _heartbeat(channel):

@@ -46,6 +46,8 @@ import pytest
 
 from bench.scale import (
     BATCH,
+    EFFECT_KEY,
+    EFFECTS_PKEY,
     PAGE,
     TASKS_PKEY,
     TTL,
@@ -142,6 +144,10 @@ STATS_BUFFERS = STATS_SCANS * 2 * (STATS_PROBE_LIMIT + 1) + 3 * (STATS_PROBE_LIM
 # entries, and each entry deleted.
 ONE_TASK_ROWS = 10
 BATCH_ROWS = 2 * BATCH + 10
+# The effect ledger's batches read three rows an element: its task's row, its
+# record (locked), and the record again where the statement writes it.
+LEDGER = ("begin_effect", "complete_effect")
+LEDGER_BATCH_ROWS = 3 * BATCH + 10
 PAGE_ROWS = LIST_SCAN_BUDGET + PAGE + 10
 SWEEP_ROWS = 2 * (live_leases(ROWS) + unannounced_leases(ROWS)) + 100
 TASK_ENTRIES = 10  # an ordinary task's history: a few grants, expiries, checkpoints, effects
@@ -158,7 +164,6 @@ NEWER_PARAMETERS: dict[str, tuple[Any, ...]] = {
     "claim": (None,),
     "renew": (None, None, None),
     "release": (False, ""),
-    "complete_effect": ("",),
 }
 
 # Each task's own history, as the triggers would have written it (when the
@@ -248,7 +253,7 @@ def row_budget(probe: Probe) -> int:
     if probe.grows_with == "the page":
         return PAGE_ROWS
     if probe.grows_with == "the batch":
-        return BATCH_ROWS
+        return LEDGER_BATCH_ROWS if probe.statement in LEDGER else BATCH_ROWS
     if probe.statement in PRUNE_ROWS:
         return PRUNE_ROWS[probe.statement]
     if probe.grows_with:
@@ -289,8 +294,8 @@ async def _seed_runs(url: str) -> None:
     """What runs leave behind (see the module docstring), on a table ``seed`` filled."""
     conn = await asyncpg.connect(url)
     try:
-        lease = next(p for p in await probes(conn) if p.statement == "lock_lease")
-        ns, task = lease.args
+        lease = next(p for p in await probes(conn) if p.statement == "begin_effect")
+        (ns,), (task,) = lease.args[:2]
         fence = await conn.fetchval(
             "SELECT fence FROM leasekeeper_tasks WHERE namespace = $1 AND task_id = $2", ns, task
         )
@@ -345,7 +350,7 @@ async def run_probes(conn: asyncpg.Connection) -> list[Probe]:
     """``bench.scale.probes`` (with today's parameters) and the statements of runs.
 
     The runs' statements take the same live lease as bench.scale's (the one
-    ``lock_lease`` reads), a quarantined task of its namespace, and the
+    ``begin_effect`` reserves for), a quarantined task of its namespace, and the
     pruner's own parameters (its batch, the settings' defaults).
     """
     sql = queries.load()
@@ -353,7 +358,7 @@ async def run_probes(conn: asyncpg.Connection) -> list[Probe]:
     for probe in await probes(conn):
         parameters = len((await conn.prepare(sql[probe.statement])).get_parameters())
         found.append(_with_newer_parameters(probe, parameters))
-    ns, task = next(p for p in found if p.statement == "lock_lease").args
+    (ns,), (task,) = next(p for p in found if p.statement == "begin_effect").args[:2]
     lease = await conn.fetchrow(
         "SELECT owner_id, fence FROM leasekeeper_tasks WHERE namespace = $1 AND task_id = $2",
         ns,
@@ -372,12 +377,20 @@ async def run_probes(conn: asyncpg.Connection) -> list[Probe]:
     data = b"x" * CHECKPOINT_BYTES
     saved = ([ns], [task], [owner], [fence], [TTL], [fence + 100], [data], ["application/json"])
     alone = (*saved[:4], [None], *saved[5:])
+    # CompleteEffect saving the next checkpoint: a call alone (a batch of one).
+    completed = (ns, task, EFFECT_KEY, fence, "succeeded", False, b"", "")
+    completed += (fence + 100, data, "application/json")
     runs = [
         Probe("renew (1, with a checkpoint)", "renew", saved, one),
         Probe("renew (a checkpoint alone: SaveCheckpoint)", "renew", alone, one),
         Probe("release (fail)", "release", (ns, task, owner, fence, False, True, "oom"), one),
         Probe("get_checkpoint", "get_checkpoint", (ns, task), one),
-        Probe("lock_lease_exclusive", "lock_lease_exclusive", (ns, task), one),
+        Probe(
+            "complete_effect (with a checkpoint)",
+            "complete_effect",
+            tuple([value] for value in completed),
+            (EFFECTS_PKEY, TASKS_PKEY),
+        ),
         Probe("cancel", "cancel", (ns, task, "probe"), one),
         Probe("retry", "retry", (ns, quarantined, "probe"), one),
         Probe("retry (not quarantined: refused)", "retry", (ns, task, "probe"), one),

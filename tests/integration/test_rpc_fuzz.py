@@ -153,6 +153,14 @@ DOCUMENTED: dict[str, dict[grpc.StatusCode, frozenset[str]]] = {
     },
     "ListTaskHistory": {},
     "Watch": {},
+    # A check's bad input is that check's answer (an error status in it): the
+    # stream ends INVALID_ARGUMENT only for a message that does not parse.
+    "ValidateFences": {},
+    # An add's bad input is that add's refusal (an error status in the answer),
+    # a lease's loss a Lost entry: the stream goes on. It ends INVALID_ARGUMENT
+    # only for a message whose answers could not be matched (sequence 0, an add
+    # id that is 0 or already in the session, more than 1000 adds).
+    "Session": {},
 }
 METHODS = {m.name: m for m in SERVICE.methods}
 # Watch (a server stream) has its namespace and task checked like GetLease's;
@@ -346,6 +354,12 @@ def field_is_bad(message: Any, fd: descriptor.FieldDescriptor, limits: Limits) -
             return len(value) > limits.max_digest_bytes
         case "result":
             return len(value) > limits.max_result_bytes
+        case "checks" | "request" | "id":  # ValidateFences: each check answered on its own
+            return False
+        case "sequence":  # Session: 0 could not be matched with its answer
+            return value == 0
+        case "add" | "drop" | "beat":  # Session: each add answered (refused) on its own
+            return False
     raise AssertionError(f"the fuzz oracle has no rule for {fd.full_name}: add one")
 
 
@@ -678,6 +692,20 @@ def good_values(fd: descriptor.FieldDescriptor, namespace: str) -> st.SearchStra
             return st.sampled_from(["", "application/json"])
         case "write_time":
             return st.sampled_from([None, None, timestamp_pb2.Timestamp(seconds=1)])
+        case "checks":  # ValidateFences
+            return st.lists(good_messages(pb.ValidateFencesRequest.Check, namespace), max_size=3)
+        case "id":
+            return st.integers(0, 2**64 - 1)
+        case "request":
+            return good_messages(pb.ValidateFenceRequest, namespace)
+        case "sequence":  # Session
+            return st.integers(1, 2**64 - 1)
+        case "add":
+            return st.lists(good_messages(pb.SessionRequest.Add, namespace), max_size=3)
+        case "drop":
+            return st.lists(st.integers(0, 2**64 - 1), max_size=3)
+        case "beat":
+            return st.booleans()
     raise AssertionError(f"no fuzz values for {fd.full_name}: add them")
 
 
@@ -743,6 +771,18 @@ def any_values(fd: descriptor.FieldDescriptor, namespace: str) -> st.SearchStrat
             return st.one_of(good, content_types())
         case "write_time":
             return timestamps()
+        case "checks":
+            return st.lists(messages(pb.ValidateFencesRequest.Check, namespace), max_size=3)
+        case "id":
+            return good
+        case "request":
+            return messages(pb.ValidateFenceRequest, namespace)
+        case "sequence":
+            return st.one_of(good, st.just(0))
+        case "add":
+            return st.lists(messages(pb.SessionRequest.Add, namespace), max_size=3)
+        case "drop" | "beat":
+            return good
     raise AssertionError(f"no fuzz values for {fd.full_name}: add them")
 
 
@@ -751,6 +791,8 @@ def build(message_type: type[Message], fields: dict[str, Any]) -> Any:
     for name, value in fields.items():
         if isinstance(value, Message):
             getattr(message, name).CopyFrom(value)
+        elif isinstance(value, list):  # a repeated field (ValidateFences' checks)
+            getattr(message, name).extend(value)
         elif value is not None:
             setattr(message, name, value)
     return message

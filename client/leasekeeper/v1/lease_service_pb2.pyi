@@ -300,6 +300,34 @@ class ValidateFenceResponse(_message.Message):
     expire_time: _timestamp_pb2.Timestamp
     def __init__(self, valid: _Optional[bool] = ..., current_fence: _Optional[int] = ..., reason: _Optional[_Union[LossReason, str]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class ValidateFencesRequest(_message.Message):
+    __slots__ = ("checks",)
+    class Check(_message.Message):
+        __slots__ = ("id", "request")
+        ID_FIELD_NUMBER: _ClassVar[int]
+        REQUEST_FIELD_NUMBER: _ClassVar[int]
+        id: int
+        request: ValidateFenceRequest
+        def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[ValidateFenceRequest, _Mapping]] = ...) -> None: ...
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    checks: _containers.RepeatedCompositeFieldContainer[ValidateFencesRequest.Check]
+    def __init__(self, checks: _Optional[_Iterable[_Union[ValidateFencesRequest.Check, _Mapping]]] = ...) -> None: ...
+
+class ValidateFencesResponse(_message.Message):
+    __slots__ = ("answers",)
+    class Answer(_message.Message):
+        __slots__ = ("id", "response", "error")
+        ID_FIELD_NUMBER: _ClassVar[int]
+        RESPONSE_FIELD_NUMBER: _ClassVar[int]
+        ERROR_FIELD_NUMBER: _ClassVar[int]
+        id: int
+        response: ValidateFenceResponse
+        error: bytes
+        def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[ValidateFenceResponse, _Mapping]] = ..., error: _Optional[bytes] = ...) -> None: ...
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[ValidateFencesResponse.Answer]
+    def __init__(self, answers: _Optional[_Iterable[_Union[ValidateFencesResponse.Answer, _Mapping]]] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
     __slots__ = ("namespace", "task_id", "owner_id", "fence", "ttl", "checkpoint")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -331,6 +359,76 @@ class HeartbeatResponse(_message.Message):
     checkpoint_version: int
     checkpoint_saved: bool
     def __init__(self, fence: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., renewed: _Optional[bool] = ..., checkpoint_version: _Optional[int] = ..., checkpoint_saved: _Optional[bool] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ("sequence", "add", "drop", "beat")
+    class Add(_message.Message):
+        __slots__ = ("id", "namespace", "task_id", "owner_id", "fence", "ttl")
+        ID_FIELD_NUMBER: _ClassVar[int]
+        NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+        TASK_ID_FIELD_NUMBER: _ClassVar[int]
+        OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+        FENCE_FIELD_NUMBER: _ClassVar[int]
+        TTL_FIELD_NUMBER: _ClassVar[int]
+        id: int
+        namespace: str
+        task_id: str
+        owner_id: str
+        fence: int
+        ttl: _duration_pb2.Duration
+        def __init__(self, id: _Optional[int] = ..., namespace: _Optional[str] = ..., task_id: _Optional[str] = ..., owner_id: _Optional[str] = ..., fence: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    DROP_FIELD_NUMBER: _ClassVar[int]
+    BEAT_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    add: _containers.RepeatedCompositeFieldContainer[SessionRequest.Add]
+    drop: _containers.RepeatedScalarFieldContainer[int]
+    beat: bool
+    def __init__(self, sequence: _Optional[int] = ..., add: _Optional[_Iterable[_Union[SessionRequest.Add, _Mapping]]] = ..., drop: _Optional[_Iterable[int]] = ..., beat: _Optional[bool] = ...) -> None: ...
+
+class SessionResponse(_message.Message):
+    __slots__ = ("sequence", "held", "lost", "refused")
+    class Held(_message.Message):
+        __slots__ = ("id", "fence", "expire_time", "remaining_ttl", "renewed", "checkpoint_version")
+        ID_FIELD_NUMBER: _ClassVar[int]
+        FENCE_FIELD_NUMBER: _ClassVar[int]
+        EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+        REMAINING_TTL_FIELD_NUMBER: _ClassVar[int]
+        RENEWED_FIELD_NUMBER: _ClassVar[int]
+        CHECKPOINT_VERSION_FIELD_NUMBER: _ClassVar[int]
+        id: int
+        fence: int
+        expire_time: _timestamp_pb2.Timestamp
+        remaining_ttl: _duration_pb2.Duration
+        renewed: bool
+        checkpoint_version: int
+        def __init__(self, id: _Optional[int] = ..., fence: _Optional[int] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., remaining_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., renewed: _Optional[bool] = ..., checkpoint_version: _Optional[int] = ...) -> None: ...
+    class Lost(_message.Message):
+        __slots__ = ("id", "reason", "current_fence")
+        ID_FIELD_NUMBER: _ClassVar[int]
+        REASON_FIELD_NUMBER: _ClassVar[int]
+        CURRENT_FENCE_FIELD_NUMBER: _ClassVar[int]
+        id: int
+        reason: LossReason
+        current_fence: int
+        def __init__(self, id: _Optional[int] = ..., reason: _Optional[_Union[LossReason, str]] = ..., current_fence: _Optional[int] = ...) -> None: ...
+    class Refused(_message.Message):
+        __slots__ = ("id", "error")
+        ID_FIELD_NUMBER: _ClassVar[int]
+        ERROR_FIELD_NUMBER: _ClassVar[int]
+        id: int
+        error: bytes
+        def __init__(self, id: _Optional[int] = ..., error: _Optional[bytes] = ...) -> None: ...
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    held: _containers.RepeatedCompositeFieldContainer[SessionResponse.Held]
+    lost: _containers.RepeatedCompositeFieldContainer[SessionResponse.Lost]
+    refused: _containers.RepeatedCompositeFieldContainer[SessionResponse.Refused]
+    def __init__(self, sequence: _Optional[int] = ..., held: _Optional[_Iterable[_Union[SessionResponse.Held, _Mapping]]] = ..., lost: _Optional[_Iterable[_Union[SessionResponse.Lost, _Mapping]]] = ..., refused: _Optional[_Iterable[_Union[SessionResponse.Refused, _Mapping]]] = ...) -> None: ...
 
 class GetLeaseRequest(_message.Message):
     __slots__ = ("namespace", "task_id")

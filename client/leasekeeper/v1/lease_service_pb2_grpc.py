@@ -55,10 +55,20 @@ class LeaseServiceStub:
                 request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ValidateFenceRequest.SerializeToString,
                 response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ValidateFenceResponse.FromString,
                 _registered_method=True)
+        self.ValidateFences = channel.stream_stream(
+                '/leasekeeper.v1.LeaseService/ValidateFences',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ValidateFencesRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ValidateFencesResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.stream_stream(
                 '/leasekeeper.v1.LeaseService/Heartbeat',
                 request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/leasekeeper.v1.LeaseService/Session',
+                request_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.SessionRequest.SerializeToString,
+                response_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.SessionResponse.FromString,
                 _registered_method=True)
         self.GetLease = channel.unary_unary(
                 '/leasekeeper.v1.LeaseService/GetLease',
@@ -195,6 +205,42 @@ class LeaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ValidateFences(self, request_iterator, context):
+        """ValidateFence for an effect service that validates before every effect:
+        one stream carries many checks, each far cheaper than a unary call. The
+        Python client's validate_fence and FenceInterceptor use one such stream
+        per client.
+
+        Each check is decided as ValidateFence decides it: on the database
+        clock, by a read made after the server received the message that
+        carries it (checks arriving together share one statement), never from
+        an earlier answer; a refused stale fence is written to the task's
+        history as ValidateFence writes it (method "ValidateFence"). Each check
+        gets one answer, with the check's id; answers may come in any order. A
+        check whose request breaks the rules, or names a namespace the caller's
+        token does not cover, is answered with its error (Answer.error) and the
+        stream goes on. The server decides at most 4000 checks of a stream at
+        a time and reads further messages as it answers.
+
+        The server ends the stream:
+        OK                after the client half-closes, once every check read
+        is answered;
+        INVALID_ARGUMENT  a message that is not a ValidateFencesRequest (its
+        checks cannot be told apart: the field is named);
+        UNAVAILABLE       the server is shutting down (after answering the
+        checks it had read): open a stream again, on
+        another replica;
+        UNAUTHENTICATED, PERMISSION_DENIED  the caller's token was revoked or
+        expired, or no longer covers a namespace the stream
+        named.
+        A check without an answer when the stream ends was not decided: the
+        client must treat it as not validated (validate again on a new stream),
+        never as valid.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Heartbeat(self, request_iterator, context):
         """Keeps a lease alive. The first message names the lease and renews it;
         each later message renews it again (beats sooner than the server's
@@ -211,6 +257,46 @@ class LeaseServiceServicer:
         UNAVAILABLE  the server is shutting down or lost its database: the
         lease lives on; resume on another replica with the same
         fence.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Session(self, request_iterator, context):
+        """Keeps many leases alive on one stream: the way for a worker that holds
+        several leases at once (the Python client's hold() uses it while a
+        client holds more than one lease). Each lease keeps its own ttl, fence
+        and expiry in its own row, as with Heartbeat; what the leases share is
+        the stream and the beat that renews them all.
+
+        A message adds leases (each renewed at once), drops leases, and with
+        beat=true renews every lease of the session: the renewals of one beat
+        (with those of every other stream arriving together) are one database
+        statement. Each message gets one answer carrying its sequence and, per
+        lease, the remaining ttl and expiry as the database saw them.
+
+        Each lease's loss (LEASE_EXPIRED, LEASE_SUPERSEDED, LEASE_RELEASED,
+        LEASE_REVOKED, RUNTIME_EXCEEDED, TASK_COMPLETED, TASK_CANCELLED,
+        TASK_FAILED, NOT_OWNER, FENCE_UNKNOWN) is pushed on the stream with its
+        reason as soon as the server learns of it (it watches each lease's task
+        from before its first renewal), without waiting for the next beat; the
+        lease leaves the session and the stream goes on with the others. An add
+        that breaks the rules, or names a namespace the caller's token does not
+        cover, is refused (SessionResponse.refused) and the stream goes on.
+
+        The server ends the stream:
+        OK           after the client half-closes (every lease still in the
+        session stays HELD until it expires or is released);
+        INVALID_ARGUMENT  a message that is not a SessionRequest, a sequence
+        of 0, an add whose id is 0 or names a lease already in
+        the session, or more than 1000 adds in one message (the
+        field is named): the answers could not be matched;
+        UNAVAILABLE  the server is shutting down or lost its database: the
+        leases live on; open a session again (on another
+        replica) and add them with the same fences;
+        UNAUTHENTICATED, PERMISSION_DENIED  the caller's token was revoked
+        or expired, or no longer covers the namespace of a lease
+        in the session.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -443,10 +529,20 @@ def add_LeaseServiceServicer_to_server(servicer, server):
                     request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ValidateFenceRequest.FromString,
                     response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ValidateFenceResponse.SerializeToString,
             ),
+            'ValidateFences': grpc.stream_stream_rpc_method_handler(
+                    servicer.ValidateFences,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.ValidateFencesRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.ValidateFencesResponse.SerializeToString,
+            ),
             'Heartbeat': grpc.stream_stream_rpc_method_handler(
                     servicer.Heartbeat,
                     request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.HeartbeatRequest.FromString,
                     response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=leasekeeper_dot_v1_dot_lease__service__pb2.SessionRequest.FromString,
+                    response_serializer=leasekeeper_dot_v1_dot_lease__service__pb2.SessionResponse.SerializeToString,
             ),
             'GetLease': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLease,
@@ -634,6 +730,33 @@ class LeaseService:
             _registered_method=True)
 
     @staticmethod
+    def ValidateFences(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/leasekeeper.v1.LeaseService/ValidateFences',
+            leasekeeper_dot_v1_dot_lease__service__pb2.ValidateFencesRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.ValidateFencesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Heartbeat(request_iterator,
             target,
             options=(),
@@ -650,6 +773,33 @@ class LeaseService:
             '/leasekeeper.v1.LeaseService/Heartbeat',
             leasekeeper_dot_v1_dot_lease__service__pb2.HeartbeatRequest.SerializeToString,
             leasekeeper_dot_v1_dot_lease__service__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/leasekeeper.v1.LeaseService/Session',
+            leasekeeper_dot_v1_dot_lease__service__pb2.SessionRequest.SerializeToString,
+            leasekeeper_dot_v1_dot_lease__service__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

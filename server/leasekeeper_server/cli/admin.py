@@ -248,7 +248,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
     """
     import asyncpg
 
-    from leasekeeper_server.app import resolve_database
+    from leasekeeper_server.app import direct_database, resolve_database
     from leasekeeper_server.storage.driver_errors import translate_errors
     from leasekeeper_server.storage.store import connection_settings
 
@@ -266,8 +266,10 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         )
     try:
         with translate_errors(connecting=True):
-            conn = await asyncpg.connect(
-                dsn, server_settings=session, timeout=settings.connect_timeout_s
+            conn = await asyncpg.connect(  # a session of its own: never a transaction pooler
+                direct_database(settings, dsn),
+                server_settings=session,
+                timeout=settings.connect_timeout_s,
             )
         try:
             with translate_errors():

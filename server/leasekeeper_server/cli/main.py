@@ -155,13 +155,13 @@ async def _serve(settings: Settings) -> int:
 
 
 async def _migrate(settings: Settings, json: bool) -> int:
-    from leasekeeper_server.app import resolve_database
+    from leasekeeper_server.app import direct_database, resolve_database
     from leasekeeper_server.cli import output as out
     from leasekeeper_server.storage.migrate import migrate
 
     dsn, embedded = resolve_database(settings)
     try:
-        applied = await migrate(dsn)
+        applied = await migrate(direct_database(settings, dsn))  # its lock needs a session
         if json:
             print(out.to_json({"applied": applied}))
         else:
@@ -388,7 +388,8 @@ def _database_failed(settings: Settings, exc: DatabaseUnavailable) -> int:
     from leasekeeper_server.core.errors import DatabaseRefused
 
     refused = isinstance(exc, DatabaseRefused)
-    variable = "LEASEKEEPER_DATABASE_URL: " if refused and settings.database_url else ""
+    setting = getattr(exc, "setting", "database_url")  # direct_database_url's errors say so
+    variable = f"LEASEKEEPER_{setting.upper()}: " if refused and getattr(settings, setting) else ""
     print(f"leasekeeper: {variable}{exc}", file=sys.stderr)
     return 2 if refused else 1
 

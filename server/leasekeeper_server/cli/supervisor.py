@@ -444,9 +444,7 @@ async def supervise(settings: Settings) -> int:
     dsn, embedded = resolve_database(settings)
     held: list[socket.socket] = []
     try:
-        if not await when_database_answers(
-            settings, lambda: prepare_database(dsn, settings.connect_timeout_s)
-        ):
+        if not await when_database_answers(settings, lambda: prepare_database(dsn, settings)):
             return 1
         try:
             listen, sockets = reserve(settings.listen)

@@ -21,9 +21,22 @@ the database does (liveness: a database outage must not restart every
 replica). On shutdown the health service enters graceful shutdown
 (NOT_SERVING, for good).
 
-The log says when health changes, in one line, and while it stays
-NOT_SERVING repeats it at most every ``REPEAT_S`` seconds with the count of
-failed statements: never one line per failed statement.
+The database has two paths, each failing on its own (most plainly behind a
+pooler in transaction mode: storage/pooling.py): the **pooled statements**
+(``database_url``), which decide every call, and the **notification
+connection** (``direct_database_url``, else ``database_url``: storage/events.py),
+which pushes changes to heartbeat streams, waiting claims and Watch streams.
+``leasekeeper.notifications`` follows the second: NOT_SERVING while it is
+down. Readiness does not: calls are still decided, and a loss other than an
+expiry (a revoke, a newer claim) is then found at the stream's next beat
+instead of pushed; taking every replica out of rotation for it would turn a
+slower loss notice into an outage.
+
+The log says when either changes, in one line naming the path and why
+(``...; health NOT_SERVING (the pooled statements, LEASEKEEPER_DATABASE_URL)``,
+``lease notifications cannot be received: ...``), and while the statements
+stay NOT_SERVING repeats it at most every ``REPEAT_S`` seconds with the count
+of failed statements: never one line per failed statement.
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from leasekeeper_server.core.errors import DatabaseUnavailable, StatementsRefused
+from leasekeeper_server.storage.events import LeaseEvents
 from leasekeeper_server.storage.outcomes import describe
 from leasekeeper_server.storage.store import Store
 
@@ -44,6 +58,7 @@ log = logging.getLogger(__name__)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 LIVENESS = "leasekeeper.liveness"
+NOTIFICATIONS = "leasekeeper.notifications"
 # While NOT_SERVING, the least time between two log lines, seconds.
 REPEAT_S = 60.0
 
@@ -51,11 +66,32 @@ REPEAT_S = 60.0
 class HealthMonitor:
     """Keeps the health service in step with whether requests can be decided."""
 
-    def __init__(self, store: Store, service_names: list[str], interval_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        service_names: list[str],
+        interval_s: float,
+        events: LeaseEvents | None = None,
+        events_url: str = "LEASEKEEPER_DATABASE_URL",
+    ) -> None:
+        """A monitor, not yet started.
+
+        Args:
+            store: the pooled statements' path: its ping and its outcomes.
+            service_names: the names besides "" that follow the statements.
+            interval_s: the time between two checks, seconds.
+            events: the notification connection, followed by
+                ``leasekeeper.notifications``; None: that name is not served.
+            events_url: the setting naming the notification connection's URL,
+                for the log.
+        """
         self.servicer = health_aio.HealthServicer()
         self._store = store
         self._names = ["", *service_names]
         self._interval_s = interval_s
+        self._events = events
+        self._events_url = events_url
+        self._listening: bool | None = None
         self._serving: bool | None = None
         self._task: asyncio.Task[None] | None = None
         # While NOT_SERVING: statements failed since the last log line, and its time.
@@ -80,6 +116,7 @@ class HealthMonitor:
             await self._check()
 
     async def _check(self) -> None:
+        await self._check_notifications()
         refused = await self._ping()
         tally = self._store.outcomes.take()
         serving = refused is None and (tally.succeeded > 0 or tally.failed == 0)
@@ -90,6 +127,31 @@ class HealthMonitor:
         self._serving = serving
         for name in self._names:
             await self.servicer.set(name, SERVING if serving else NOT_SERVING)
+
+    async def _check_notifications(self) -> None:
+        """``leasekeeper.notifications`` follows the notification connection (a line a change)."""
+        if self._events is None:
+            return
+        listening = self._events.connected.is_set()
+        if listening == self._listening:
+            return
+        if not listening:
+            log.warning(
+                "lease notifications cannot be received: the notification connection (%s) is "
+                "down (last: %s); health %s NOT_SERVING (calls are still decided: losses other "
+                "than an expiry reach heartbeat streams at their next beat, Watch streams wait)",
+                self._events_url,
+                self._events.failure,
+                NOTIFICATIONS,
+            )
+        elif self._listening is not None:
+            log.info(
+                "lease notifications received again (%s); health %s SERVING",
+                self._events_url,
+                NOTIFICATIONS,
+            )
+        self._listening = listening
+        await self.servicer.set(NOTIFICATIONS, SERVING if listening else NOT_SERVING)
 
     async def _ping(self) -> str | None:
         """Pings the database: why it refused (one line), else None.
@@ -116,7 +178,8 @@ class HealthMonitor:
         if self._serving is not False:
             log.warning(
                 "requests cannot be decided: %d database statement(s) failed since the last "
-                "check (last: %s); health NOT_SERVING",
+                "check (last: %s); health NOT_SERVING (the pooled statements, "
+                "LEASEKEEPER_DATABASE_URL)",
                 failed,
                 last_failure,
             )

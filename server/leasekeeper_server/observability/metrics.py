@@ -25,8 +25,10 @@ metric                              labels                     what
 ==================================  =========================  ===============================
 rpc_duration_seconds (histogram)    method, code               unary LeaseService calls, from
                                                                the call's arrival to its answer
-streams_total                       method, code               ended Heartbeat / Watch streams
+streams_total                       method, code               ended Heartbeat / Watch /
+                                                               ValidateFences streams
 heartbeat_streams_open (gauge)                                 Heartbeat streams now open
+session_streams_open (gauge)                                   Session streams now open
 watch_streams_open (gauge)                                     Watch streams now open
 claims_total                        namespace, result          Claim answers: ``acquired``,
                                                                ``conflict`` (held by another:
@@ -40,17 +42,23 @@ claims_total                        namespace, result          Claim answers: ``
                                                                (RESOURCE_EXHAUSTED), ``error``
                                                                (any other status; namespace
                                                                ``""``)
-renewals_total                      method, result             method ``Renew`` or
+renewals_total                      method, result             method ``Renew``,
                                                                ``Heartbeat`` (a beat answered
                                                                with a renewal, and a stream
-                                                               ended ABORTED); result ``ok`` /
-                                                               ``lost``
-renewal_failures_total              method, reason             renewals answered ABORTED, by
+                                                               ended ABORTED) or ``Session``
+                                                               (each lease an answer renewed,
+                                                               each lease lost); result
+                                                               ``ok`` / ``lost``
+renewal_failures_total              method, reason             renewals answered ABORTED (a
+                                                               Session lease lost), by
                                                                ErrorInfo reason
 stale_fence_rejections_total        method, reason             fences refused: ValidateFence
-                                                               valid=false; Renew, Release,
+                                                               valid=false (also an answer
+                                                               on a ValidateFences stream);
+                                                               Renew, Release,
                                                                Heartbeat, BeginEffect,
-                                                               CompleteEffect ABORTED
+                                                               CompleteEffect ABORTED; a
+                                                               Session lease lost
 effects_total                       event                      effect ledger calls (below);
                                                                ``event="in_doubt"`` is the
                                                                reconciliation volume
@@ -87,6 +95,7 @@ sweeper_leader (gauge)                                         1 while this serv
                                                                elected expiry sweeper
 loss_notice_seconds (histogram)                                from a lease's loss to its
                                                                heartbeat stream ending ABORTED
+                                                               (or its session pushing it)
 namespace_max_leases (gauge)        namespace                  the namespace's lease limit
 namespace_claims_per_second (gauge) namespace                  its claim rate limit
 namespace_lock_delay_seconds        namespace                  its lock delay
@@ -149,6 +158,7 @@ LEASE_METHODS = (
     "Release",
     "ValidateFence",
     "Heartbeat",
+    "Session",
     "GetLease",
     "ListLeases",
     "ListNamespaces",
@@ -162,14 +172,16 @@ LEASE_METHODS = (
     "Retry",
     "ListTaskHistory",
     "Watch",
+    "ValidateFences",
 )
-STREAM_METHODS = ("Heartbeat", "Watch")
-RENEWING_METHODS = ("Renew", "Heartbeat")
+STREAM_METHODS = ("Heartbeat", "Watch", "ValidateFences", "Session")
+RENEWING_METHODS = ("Renew", "Heartbeat", "Session")
 FENCED_METHODS = (
     "ValidateFence",
     "Renew",
     "Release",
     "Heartbeat",
+    "Session",
     "BeginEffect",
     "CompleteEffect",
     "SaveCheckpoint",
@@ -286,7 +298,7 @@ class Metrics:
         )
         self.streams = Counter(
             PREFIX + "streams",
-            "Ended LeaseService streams (Heartbeat, Watch) by method and code.",
+            "Ended LeaseService streams (Heartbeat, Watch, ValidateFences) by method and code.",
             ["method", "code"],
             registry=r,
         )
@@ -295,6 +307,9 @@ class Metrics:
         )
         self.watch_streams_open = Gauge(
             PREFIX + "watch_streams_open", "Watch streams now open.", registry=r
+        )
+        self.session_streams_open = Gauge(
+            PREFIX + "session_streams_open", "Session streams now open.", registry=r
         )
         self.claims = Counter(
             PREFIX + "claims",
@@ -371,7 +386,7 @@ class Metrics:
         )
         self._loss_notice = Histogram(
             PREFIX + "loss_notice_seconds",
-            "Time from a lease's loss to its heartbeat stream ending ABORTED (s).",
+            "Time from a lease's loss to its holder's stream telling it: Heartbeat, Session (s).",
             buckets=LOSS_NOTICE_BUCKETS_S,
             registry=r,
         )

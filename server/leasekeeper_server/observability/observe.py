@@ -130,6 +130,7 @@ class _Outcome:
         "context",
         "error",
         "first",
+        "leases",
         "principal",
         "reason",
         "request",
@@ -141,6 +142,7 @@ class _Outcome:
         self.context = context
         self.response: Any = None
         self.first: Any = None  # a stream's first message
+        self.leases: dict[int, Any] | None = None  # a Session's adds by id, while auditing
         self.code = _OK
         self.error: BaseException | None = None
         self.cause: LeaseServiceError | None = None  # the domain error the call answered
@@ -217,6 +219,7 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._duration: dict[tuple[str, grpc.StatusCode], Any] = {}
         # Counted on every renewal: the series looked up once, not per beat.
         self._beat_renewed = metrics.renewals.labels("Heartbeat", "ok")
+        self._session_renewed = metrics.renewals.labels("Session", "ok")
         self._rpc_renewed = metrics.renewals.labels("Renew", "ok")
         self._observers: dict[str, Callable[[_Outcome], object]] = {
             "Claim": self._claimed,
@@ -312,12 +315,16 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _stream(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
         observe = self._observers.get(method)
-        gauge = (
-            self._metrics.heartbeat_streams_open
-            if method == "Heartbeat"
-            else self._metrics.watch_streams_open
-        )
-        on_write = self._heartbeat_beat if method == "Heartbeat" else _ignore
+        gauge = {
+            "Heartbeat": self._metrics.heartbeat_streams_open,
+            "Watch": self._metrics.watch_streams_open,
+            "Session": self._metrics.session_streams_open,
+        }.get(method)
+        on_write = {
+            "Heartbeat": self._heartbeat_beat,
+            "ValidateFences": self._fences_validated,
+            "Session": self._session_answered,
+        }.get(method, _ignore)
 
         @contextlib.contextmanager
         def observed(request: Any, context: Any) -> Any:
@@ -329,7 +336,8 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 if self._tracing is not None
                 else contextlib.nullcontext(None)
             )
-            gauge.inc()
+            if gauge is not None:
+                gauge.inc()
             with span_cm as span:
                 try:
                     yield proxy
@@ -337,7 +345,8 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     outcome.ended(exc)
                     raise
                 finally:
-                    gauge.dec()
+                    if gauge is not None:
+                        gauge.dec()
                     if outcome.error is None:
                         outcome.ended(None)
                     self._metrics.streams.labels(method, outcome.code.name).inc()
@@ -464,10 +473,60 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def _heartbeat_ended(self, o: _Outcome) -> None:
         self._lost("Heartbeat", True, o, o.first)
 
+    def _session_answered(self, o: _Outcome, read: Any, answer: Any) -> None:
+        """Counts the renewals and losses a Session message tells, as a Heartbeat's.
+
+        Each lease an answer says was renewed is a renewal; each lease lost
+        (found by a renewal, or pushed) a lost renewal and a refused fence, and
+        an audit record. An answer names leases by id only: while the audit
+        log is on, the adds read (``read``: the message read since the last
+        write, which every answer follows) are kept to name a lost lease's
+        task, owner and fence.
+        """
+        leases = o.leases
+        if self._audit.enabled and isinstance(read, pb.SessionRequest):
+            if leases is None:
+                leases = o.leases = {}
+            for added in read.add:
+                leases[added.id] = added
+            for lease_id in read.drop:
+                leases.pop(lease_id, None)
+        renewed = sum(held.renewed for held in answer.held)
+        if renewed:
+            self._session_renewed.inc(renewed)
+        m = self._metrics
+        for lost in answer.lost:
+            reason = pb.LossReason.Name(lost.reason).removeprefix(_LOSS_PREFIX)
+            m.renewals.labels("Session", "lost").inc()
+            m.renewal_failures.labels("Session", reason).inc()
+            m.stale_fence_rejections.labels("Session", reason).inc()
+            add = leases.pop(lost.id, None) if leases is not None else None
+            if add is not None:
+                self._audit.loss(
+                    "Session",
+                    add.namespace,
+                    add.task_id,
+                    add.owner_id,
+                    add.fence,
+                    reason,
+                    _principal(),
+                )
+
     def _validated(self, o: _Outcome) -> None:
         if o.code is _OK and not o.response.valid:
             name = pb.LossReason.Name(o.response.reason).removeprefix(_LOSS_PREFIX)
             self._metrics.stale_fence_rejections.labels("ValidateFence", name).inc()
+
+    def _fences_validated(self, o: _Outcome, read: Any, answers: Any) -> None:
+        """Counts the stale fences a ValidateFences message answers, as ValidateFence's.
+
+        The same decision as the unary call's, so the same series: alerts on
+        ``method="ValidateFence"`` see the fences refused on streams too.
+        """
+        for answer in answers.answers:
+            if answer.HasField("response") and not answer.response.valid:
+                name = pb.LossReason.Name(answer.response.reason).removeprefix(_LOSS_PREFIX)
+                self._metrics.stale_fence_rejections.labels("ValidateFence", name).inc()
 
     def _effect_begun(self, o: _Outcome) -> None:
         """Counts a BeginEffect that reached the ledger (begun) and what the ledger answered."""

@@ -149,13 +149,21 @@ async def abort_with(context: grpc.aio.ServicerContext, error: Exception) -> Non
     Raises:
         grpc.aio.AbortError: always (grpc's way of ending the call).
     """
-    if isinstance(error, LeaseServiceError):
-        st = status.status_of(error)
-    else:
-        error_id = uuid.uuid4().hex[:12]
-        log.error("internal error %s", error_id, exc_info=error)
-        st = status.internal_status(error_id)
+    st = status_for(error)
     await context.abort(st.code, st.details, st.trailing_metadata)
+
+
+def status_for(error: Exception) -> grpc.Status:
+    """The status for ``error``: its rich status, or INTERNAL with an error id for a bug (logged).
+
+    :func:`abort_with` ends a call with it; a ValidateFences stream answers a
+    check with it and goes on.
+    """
+    if isinstance(error, LeaseServiceError):
+        return status.status_of(error)
+    error_id = uuid.uuid4().hex[:12]
+    log.error("internal error %s", error_id, exc_info=error)
+    return status.internal_status(error_id)
 
 
 def _answering(

@@ -39,16 +39,17 @@ import grpc
 
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper_server.core.errors import InvalidArgument, LeaseLost
-from leasekeeper_server.core.model import (
-    CheckpointWrite,
-    Lease,
-    LeaseRef,
-    LossReason,
-    owner_loss,
-)
+from leasekeeper_server.core.model import CheckpointWrite, Lease, LeaseRef
 from leasekeeper_server.observability.metrics import Metrics
 from leasekeeper_server.rpc import convert, validate
 from leasekeeper_server.rpc.handling import check_parsed
+from leasekeeper_server.rpc.keeping import (
+    log_loss,
+    read_loss,
+    remaining_since,
+    renew_interval_s,
+    seconds_left,
+)
 from leasekeeper_server.rpc.waiting import TIMER_SLACK_S, Woken, first_of, guarding_credentials
 from leasekeeper_server.security import caller as auth
 from leasekeeper_server.settings import Settings
@@ -219,8 +220,7 @@ class _Stream:
 
     def _until_check_s(self) -> float:
         assert self._lease is not None
-        elapsed = time.monotonic() - self._seen_at
-        return max(0.0, self._lease.remaining_ttl.total_seconds() - elapsed) + TIMER_SLACK_S
+        return max(0.0, seconds_left(self._lease, self._seen_at)) + TIMER_SLACK_S
 
     def _beat_renews(self, message: Any) -> bool:
         """Checks a beat; True when it is to be written (a renewal), False when answered as is.
@@ -252,9 +252,7 @@ class _Stream:
 
     def _set_ttl(self, ttl: timedelta) -> None:
         self._ttl = ttl
-        # A short ttl shortens the interval too: a lease must be renewable
-        # several times within its ttl, however the server is configured.
-        self._renew_interval_s = min(self._settings.min_renew_interval_s, ttl.total_seconds() / 3)
+        self._renew_interval_s = renew_interval_s(self._settings, ttl)
 
     def _check_same_lease(self, message: pb.HeartbeatRequest) -> None:
         ref = self._ref
@@ -274,11 +272,7 @@ class _Stream:
     async def _reply(self, renewed: bool, checkpoint_saved: bool = False) -> None:
         lease = self._lease
         assert lease is not None
-        remaining = lease.remaining_ttl
-        if not renewed:
-            remaining = max(
-                timedelta(0), remaining - timedelta(seconds=time.monotonic() - self._seen_at)
-            )
+        remaining = lease.remaining_ttl if renewed else remaining_since(lease, self._seen_at)
         await self._context.write(
             pb.HeartbeatResponse(
                 fence=lease.fence,
@@ -294,39 +288,11 @@ class _Stream:
         """One read on the database clock: ends the stream if the lease is lost."""
         ref = self._ref
         assert ref is not None
-        lease = await self._store.get_lease(ref.key)
-        reason = owner_loss(lease, ref.owner_id, ref.fence)
+        lease, reason = await read_loss(self._store, ref, self._metrics)
         if reason is not None:
-            if lease is not None:
-                self._metrics.loss_told(_loss_age_s(lease, reason))
-            log.info(
-                "heartbeat ends: %s namespace=%r task_id=%r fence=%d",
-                reason.value,
-                ref.key.namespace,
-                ref.key.task_id,
-                ref.fence,
-                extra={
-                    "namespace": ref.key.namespace,
-                    "task_id": ref.key.task_id,
-                    "owner_id": ref.owner_id,
-                    "fence": ref.fence,
-                    "reason": reason.value,
-                },
-            )
-            raise LeaseLost(reason, lease.fence if lease is not None else 0)
+            log_loss(log, "heartbeat ends", ref, reason)
+            raise LeaseLost.of(lease, reason)
         assert lease is not None
         # Still ours (renewed elsewhere, perhaps): plan the next check from this read.
         self._lease = lease
         self._seen_at = time.monotonic()
-
-
-def _loss_age_s(lease: Lease, reason: LossReason) -> float:
-    """Seconds from the loss to this read (database clock), for the loss-notice metric.
-
-    The loss instant is the expire_time for an expiry, and for a release,
-    revoke or completion too (those set expire_time to the instant they
-    happened); for a newer grant it is that grant's claim_time (the old
-    lease may have expired earlier: the age is then a lower bound).
-    """
-    lost_at = lease.claim_time if reason is LossReason.LEASE_SUPERSEDED else lease.expire_time
-    return max(0.0, (lease.db_now - lost_at).total_seconds())

@@ -18,12 +18,14 @@ import grpc
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper_server.core.errors import LeaseLost, TaskNotFound
 from leasekeeper_server.core.limits import LimitsCache
-from leasekeeper_server.core.model import ClaimOutcome, TaskKey, fence_loss
+from leasekeeper_server.core.model import ClaimOutcome, TaskKey
 from leasekeeper_server.rpc import convert, validate
 from leasekeeper_server.rpc.handling import parse_or_malformed, streaming, unary
 from leasekeeper_server.rpc.heartbeat import HeartbeatService
 from leasekeeper_server.rpc.paging import PageTokens
 from leasekeeper_server.rpc.service import SERVICE_NAME
+from leasekeeper_server.rpc.session import SessionService
+from leasekeeper_server.rpc.validate_stream import ValidateFencesService, fence_answer
 from leasekeeper_server.rpc.waiting import TIMER_SLACK_S, Woken, first_of, guarding_credentials
 from leasekeeper_server.rpc.watch import WatchService
 from leasekeeper_server.security import caller as auth
@@ -46,6 +48,7 @@ class LeaseServicer:
         watches: WatchService,
         page_tokens: PageTokens,
         shutdown: asyncio.Event,
+        sessions: SessionService | None = None,
     ) -> None:
         """The handlers; ``shutdown`` is the server-wide signal (``app.py`` sets it when stopping).
 
@@ -60,6 +63,9 @@ class LeaseServicer:
         self._watches = watches
         self._page_tokens = page_tokens
         self._shutdown = shutdown
+        self._validations = ValidateFencesService(store, settings, shutdown=shutdown)
+        # None: one of its own (app.py passes the one it exposes, with the server's metrics).
+        self._sessions = sessions or SessionService(store, events, settings, shutdown=shutdown)
 
     @unary
     async def Claim(self, request: pb.ClaimRequest, context: Any) -> pb.ClaimResponse:
@@ -164,25 +170,10 @@ class LeaseServicer:
     async def ValidateFence(
         self, request: pb.ValidateFenceRequest, context: Any
     ) -> pb.ValidateFenceResponse:
-        """Says whether a fence may act now; always OK."""
+        """Says whether a fence may act now; always OK (the decision: validate_stream.py)."""
         key = validate.task_key(request, self._settings)
         fence = validate.fence("fence", request.fence)
-        lease = await self._store.get_lease(key)
-        reason = fence_loss(lease, fence)
-        if reason is None and lease is not None:
-            return pb.ValidateFenceResponse(
-                valid=True,
-                current_fence=lease.fence,
-                remaining_ttl=convert.duration(lease.remaining_ttl),
-                expire_time=convert.timestamp(lease.expire_time),
-            )
-        if lease is not None and reason is not None:  # a stale fence: into the task's history
-            await self._store.record_refusal(key, fence, reason, "ValidateFence")
-        return pb.ValidateFenceResponse(
-            valid=False,
-            current_fence=lease.fence if lease is not None else 0,
-            reason=convert.loss_reason(reason),
-        )
+        return await fence_answer(self._store, key, fence)
 
     @unary
     async def GetLease(self, request: pb.GetLeaseRequest, context: Any) -> pb.GetLeaseResponse:
@@ -352,9 +343,21 @@ class LeaseServicer:
         await self._heartbeats.serve(context)
 
     @streaming
+    async def Session(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        """The Session stream (many leases on one stream); see session.py."""
+        await self._sessions.serve(context)
+
+    @streaming
     async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> None:
         """The Watch stream; see watch.py."""
         await self._watches.serve(request, context)
+
+    @streaming
+    async def ValidateFences(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> None:
+        """The ValidateFences stream; see validate_stream.py."""
+        await self._validations.serve(context)
 
 
 def method_handlers(servicer: LeaseServicer) -> grpc.GenericRpcHandler:
@@ -405,6 +408,16 @@ def method_handlers(servicer: LeaseServicer) -> grpc.GenericRpcHandler:
             servicer.Heartbeat,
             request_deserializer=parse_or_malformed(pb.HeartbeatRequest),
             response_serializer=pb.HeartbeatResponse.SerializeToString,
+        ),
+        "Session": grpc.stream_stream_rpc_method_handler(
+            servicer.Session,
+            request_deserializer=parse_or_malformed(pb.SessionRequest),
+            response_serializer=pb.SessionResponse.SerializeToString,
+        ),
+        "ValidateFences": grpc.stream_stream_rpc_method_handler(
+            servicer.ValidateFences,
+            request_deserializer=parse_or_malformed(pb.ValidateFencesRequest),
+            response_serializer=pb.ValidateFencesResponse.SerializeToString,
         ),
     }
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from leasekeeper_server.core.errors import ShuttingDown
@@ -102,8 +102,10 @@ def _happened(
 
 
 @contextlib.asynccontextmanager
-async def guarding_credentials(namespace: str) -> AsyncIterator[asyncio.Future[Any]]:
-    """The current call's credentials guard for ``namespace``, stopped on leaving.
+async def guarding_credentials(
+    namespace: str | Collection[str],
+) -> AsyncIterator[asyncio.Future[Any]]:
+    """The current call's credentials guard for ``namespace`` (or each of them), stopped on leaving.
 
     Yields:
         A future that fails when the call's token stops being valid for

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+from collections.abc import Collection
 from typing import Any
 
 from leasekeeper_server.core.errors import DatabaseUnavailable, PermissionDenied
@@ -42,13 +43,16 @@ def bind(principal: Principal, authenticator: Authenticator, token: str) -> None
     _CREDENTIALS.set((authenticator, token))
 
 
-async def until_credentials_lost(namespace: str) -> None:
+async def until_credentials_lost(namespace: str | Collection[str]) -> None:
     """Returns never while the current call's token stays valid for ``namespace``; else raises.
 
-    Streams (Heartbeat, Watch) and waiting claims run it beside their work: a
-    token revoked in the database ends them within about a second (the change
-    notification wakes this at once), one that expired or left a token file
-    within ``RECHECK_S``. With authentication off it simply waits forever.
+    Streams (Heartbeat, Watch, ValidateFences) and waiting claims run it beside
+    their work: a token revoked in the database ends them within about a
+    second (the change notification wakes this at once), one that expired or
+    left a token file within ``RECHECK_S``. With authentication off it simply
+    waits forever. ``namespace`` may be a collection the caller adds to while
+    this runs (the namespaces a ValidateFences stream has named so far): each
+    re-check covers every namespace in it then.
 
     Raises:
         Unauthenticated: the token is no longer accepted (UNAUTHENTICATED).
@@ -66,13 +70,14 @@ async def until_credentials_lost(namespace: str) -> None:
             principal = await authenticator.authenticate(token)
         except DatabaseUnavailable:
             continue  # a database blip is no reason to end a call; ask again later
-        if not principal.covers(namespace):
-            raise PermissionDenied(
-                f"token {principal.name!r} no longer covers namespace {namespace!r}"
-            )
+        for name in (namespace,) if isinstance(namespace, str) else tuple(namespace):
+            if not principal.covers(name):
+                raise PermissionDenied(
+                    f"token {principal.name!r} no longer covers namespace {name!r}"
+                )
 
 
-def guard_credentials(namespace: str) -> asyncio.Future[Any]:
+def guard_credentials(namespace: str | Collection[str]) -> asyncio.Future[Any]:
     """A future that fails when the call's token stops being valid (see until_credentials_lost).
 
     With authentication off it is a bare future that never completes: no task

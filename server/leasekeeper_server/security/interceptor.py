@@ -13,9 +13,11 @@ interceptor decides before any handler runs and before anything is read:
    -> PERMISSION_DENIED. Unary requests (and Watch's) are checked here; the
    Heartbeat stream names its namespace in its first message, so its handler
    calls :func:`leasekeeper_server.security.caller.authorize_namespace` right
-   after validating that message. A method whose request names no namespace
-   (``UNSCOPED_METHODS``: ListNamespaces) is not refused here: its handler
-   leaves out of the answer what the token does not cover
+   after validating that message (a Session stream, after validating each
+   lease it adds: an add outside the token's namespaces is refused alone). A
+   method whose request names no namespace (``UNSCOPED_METHODS``:
+   ListNamespaces) is not refused here: its handler leaves out of the answer
+   what the token does not cover
    (:func:`leasekeeper_server.security.caller.covers`).
 
 Logs name the token's name or public id, never the token.

@@ -20,6 +20,7 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
             "Renew",
             "Release",
             "Heartbeat",
+            "Session",
             "GetLease",
             "Watch",
             "BeginEffect",
@@ -32,6 +33,7 @@ ROLE_METHODS: dict[str, frozenset[str]] = {
     "effect": frozenset(
         {
             "ValidateFence",
+            "ValidateFences",
             "GetLease",
             "BeginEffect",
             "CompleteEffect",

@@ -19,6 +19,12 @@ registered with ``on_config`` reload what they cache.
 While the listening connection is down, notifications may be lost, so every
 watcher is woken when it comes back (and when it breaks) to check for itself,
 every subscription is told it has a gap, and every config callback runs.
+``connected`` says whether it is up and ``failure`` why not (the health
+service's ``leasekeeper.notifications``: observability/health.py).
+
+The connection needs a PostgreSQL session of its own (LISTEN): the server
+opens it on ``direct_database_url`` when set, never through a transaction
+pooler (storage/pooling.py).
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ import asyncpg
 from leasekeeper_server.core.model import TaskKey
 from leasekeeper_server.storage import driver_errors
 from leasekeeper_server.storage.driver_errors import translate_errors
+from leasekeeper_server.storage.outcomes import describe
 from leasekeeper_server.storage.store import APPLICATION_NAME
-from leasekeeper_server.storage.subscription import Fanout, Subscription
+from leasekeeper_server.storage.subscription import Doorbell, Fanout, Subscription
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +61,8 @@ class LeaseEvents:
         self._config_callbacks: list[Callable[[str], None]] = []
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
+        # Why the listening connection is not up (one line), while it is not.
+        self.failure = "not connected yet"
 
     async def start(self) -> None:
         """Starts listening; returns once the first connection is up or has failed once."""
@@ -71,6 +80,10 @@ class LeaseEvents:
     def watch(self, key: TaskKey) -> contextlib.AbstractContextManager[asyncio.Event]:
         """An event set whenever ``key``'s ownership may have changed; clear it after checking."""
         return self._fanout.watch(key)
+
+    def ring(self, key: TaskKey, bell: Doorbell) -> contextlib.AbstractContextManager[None]:
+        """Calls ``bell.set()`` whenever ``key``'s ownership may have changed (``watch``'s bell)."""
+        return self._fanout.ring(key, bell)
 
     def subscribe(
         self, namespace: str | None, task_id: str | None
@@ -118,6 +131,9 @@ class LeaseEvents:
                 raise
             except _LISTEN_ERRORS as exc:
                 log.warning("lease notifications interrupted: %s", exc)
+                self.failure = describe(exc)
+            else:
+                self.failure = "the listening connection closed"
             self.connected.clear()
             self._wake_all()
             await asyncio.sleep(backoff_s)
@@ -133,6 +149,7 @@ class LeaseEvents:
         try:
             await conn.add_listener(CHANNEL, self._on_notify)
             await conn.add_listener(CONFIG_CHANNEL, self._on_config)
+            self.failure = ""
             self.connected.set()
             self._wake_all()  # anything may have happened while we were away
             log.info("listening for lease notifications")

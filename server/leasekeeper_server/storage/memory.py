@@ -412,8 +412,8 @@ class MemoryStore:
         """Decides a checkpoint write; if it stands, runs ``first``, then stores it. No yield.
 
         For ``MemoryLedger.complete_and_save``: ``first`` records the effect's
-        outcome, so a refused checkpoint leaves both unwritten, as the
-        PostgreSQL transaction that holds both rolls back.
+        outcome, so a refused checkpoint leaves both unwritten, as SQL
+        ``complete_effect`` writes neither.
 
         Raises:
             LeaseLost, CheckpointNotNewer: as :meth:`save_checkpoint`;

@@ -1,9 +1,10 @@
 """The in-memory effect ledger: ``MemoryLedger``, the rows of ``leasekeeper_effects``.
 
-It takes the decisions of ``ledger.EffectLedger``'s transactions with
-``core/effect_rules.py``'s pure rules (reused, not rewritten), behind
-``core/model.fence_loss`` on the task read at the same instant; an outcome
-and a checkpoint saved together are both kept or neither. The tasks are the
+It takes the decisions of ``ledger.EffectLedger``'s statements
+(``begin_effect``, ``complete_effect``) with ``core/effect_rules.py``'s pure
+rules (reused, not rewritten), behind ``core/model.fence_loss`` on the task
+read at the same instant; an outcome and a checkpoint saved together are
+both kept or neither, the outcome first. The tasks are the
 in-memory store's (``memory.MemoryStore``), reached through
 :class:`LedgerTasks`; like the store's, every decision runs without an
 ``await`` between its read and its write, after one yield to the loop.
@@ -140,8 +141,8 @@ class MemoryLedger:
         decision = decide_begin(record, request)
         if decision is not BeginDecision.PROCEED:
             return decision, record
-        # SQL reserve_effect: a new attempt; the policy never changes. The
-        # external operation id stays (SQL reserve_effect does not clear it).
+        # SQL begin_effect's new attempt: the policy never changes. The
+        # external operation id stays (begin_effect does not clear it).
         record = replace(
             record,
             state=EffectState.RESERVED,
@@ -200,7 +201,7 @@ class MemoryLedger:
 
         Both decisions are taken before either is written, so a refusal of
         the checkpoint (LeaseLost, CheckpointNotNewer) records no outcome, as
-        the PostgreSQL transaction rolls back; the outcome is written first
+        SQL ``complete_effect`` writes neither; the outcome is written first
         (its history entry comes before the checkpoint's).
         """
         await asyncio.sleep(0)

@@ -66,6 +66,7 @@ from leasekeeper_server.core.model import (
     TaskKey,
     TaskState,
 )
+from leasekeeper_server.storage.subscription import Doorbell
 
 
 class LeaseStore(Protocol):
@@ -422,6 +423,15 @@ class ChangeFeed(Protocol):
 
         Also set when changes may have been missed (the PostgreSQL listener
         reconnected). The watcher clears it after checking.
+        """
+        ...
+
+    def ring(self, key: TaskKey, bell: Doorbell) -> AbstractContextManager[None]:
+        """Calls ``bell.set()`` on every committed change of ``key`` while the block runs.
+
+        What :meth:`watch` does with its event, with a bell of the caller's
+        (any object with ``set()``): a Session stream watches each of its
+        leases with one small object rather than an event and a task each.
         """
         ...
 

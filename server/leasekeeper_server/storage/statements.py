@@ -33,6 +33,7 @@ from leasekeeper_server.core.errors import DatabaseUnavailable
 from leasekeeper_server.storage import driver_errors
 from leasekeeper_server.storage.batch import Coalescer
 from leasekeeper_server.storage.outcomes import StatementOutcomes
+from leasekeeper_server.storage.pooling import Pooling
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +160,9 @@ class BatchedStatement(Generic[P]):
         alone_on_lock: a batch that meets a row lock, or that the database
             refuses as a whole, answers RUN_ALONE to each item (statements
             that change rows); False: the error reaches every caller.
+        pooling: how the batch pool's statements get their timeouts in the
+            pool mode (pooling.py: in transaction mode, a transaction each);
+            None: session mode.
     """
 
     def __init__(
@@ -174,6 +178,7 @@ class BatchedStatement(Generic[P]):
         distinct: bool = True,
         not_sent: bool = False,
         alone_on_lock: bool = True,
+        pooling: Pooling | None = None,
     ) -> None:
         self.name = name
         self.sql = sql[name]
@@ -188,6 +193,7 @@ class BatchedStatement(Generic[P]):
         self._connect_timeout_s = connect_timeout_s
         self._outcomes = outcomes
         self._alone_on_lock = alone_on_lock
+        self._pooling = pooling or Pooling()
         self._kept: asyncpg.Connection | None = None
         duplicate: Callable[[P], Answer] | None = (lambda _: NOT_SENT) if not_sent else None
         self._coalescer: Coalescer[P, Answer] = Coalescer(
@@ -231,7 +237,8 @@ class BatchedStatement(Generic[P]):
                     if conn is None:
                         conn = await self._pool.acquire(timeout=self._connect_timeout_s)
                     try:
-                        rows: list[Row] = await conn.fetch(self.sql, *args)
+                        async with self._pooling.statement(conn):
+                            rows: list[Row] = await conn.fetch(self.sql, *args)
                     except BaseException as exc:
                         if isinstance(exc, driver_errors.DROP_CONNECTION):
                             conn.terminate()

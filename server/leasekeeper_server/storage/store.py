@@ -1,4 +1,4 @@
-"""The lease statements on PostgreSQL (with ``ledger.py``, which borrows its transactions).
+"""The lease statements on PostgreSQL (with ``ledger.py``, whose statements it batches too).
 
 Each method runs one named statement from ``sql/queries.sql`` (and, to
 classify a statement that changed no row, at most one read). Every decision
@@ -67,6 +67,7 @@ from leasekeeper_server.settings import Settings
 from leasekeeper_server.storage import driver_errors, queries
 from leasekeeper_server.storage.driver_errors import translate_errors
 from leasekeeper_server.storage.outcomes import StatementOutcomes
+from leasekeeper_server.storage.pooling import Pooling
 from leasekeeper_server.storage.statements import (
     NOT_SENT,
     RUN_ALONE,
@@ -123,10 +124,19 @@ def _counting(
 class Store:
     """Lease operations on PostgreSQL, one statement per decision."""
 
-    def __init__(self, pool: asyncpg.Pool, settings: Settings, batch_pool: asyncpg.Pool) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        settings: Settings,
+        batch_pool: asyncpg.Pool,
+        pooling: Pooling | None = None,
+        batch_pooling: Pooling | None = None,
+    ) -> None:
         self._pool = pool
         self._batch_pool = batch_pool
         self._settings = settings
+        # How each pool's statements get their timeouts in the pool mode (pooling.py).
+        self._pooling = pooling or Pooling()
         self._sql = queries.load()
         self.outcomes = StatementOutcomes()
         # Calls arriving together share one statement (statements.py, batch.py).
@@ -139,22 +149,27 @@ class Store:
             "connect_timeout_s": settings.connect_timeout_s,
             "outcomes": self.outcomes,
             "tick_s": settings.batch_tick_s,
+            "pooling": batch_pooling or Pooling(),
         }
         self._claims = BatchedStatement("claim", self._sql, ClaimParams, not_sent=True, **batched)
         self._renewals = BatchedStatement("renew", self._sql, RenewParams, **batched)
         self._reads = BatchedStatement(
             "get_leases", self._sql, TaskKey, distinct=False, alone_on_lock=False, **batched
         )
+        # The effect ledger's (ledger.py: batched()), closed with these.
+        self._batched = batched
+        self._more: list[BatchedStatement[Any]] = []
 
     @classmethod
     async def open(
         cls, dsn: str, settings: Settings, on_statement: Callable[[], object] | None = None
     ) -> Store:
-        """Opens a connection pool.
+        """Opens the connection pools (the request pool and the batch pool).
 
         Args:
-            dsn: The PostgreSQL URL.
-            settings: The service's settings (pool sizes, timeouts).
+            dsn: The PostgreSQL URL (``database_url``; a pooler in
+                ``settings.database_pool_mode``).
+            settings: The service's settings (pool sizes, timeouts, pool mode).
             on_statement: Called once for every statement a pooled connection
                 sends (the driver's query logger), e.g. a metric's ``inc``.
 
@@ -169,12 +184,15 @@ class Store:
             "reset": _reset_connection,
             "init": _counting(on_statement) if on_statement is not None else None,
         }
+        mode, rollback_s = settings.database_pool_mode, settings.connect_timeout_s
+        pooling = Pooling(mode, connection_settings(settings), rollback_s)
         with translate_errors(connecting=True):
             pool = await asyncpg.create_pool(
                 dsn,
                 min_size=settings.pool_min_size,
                 max_size=settings.pool_max_size,
-                server_settings=connection_settings(settings),
+                server_settings=pooling.server_settings,
+                **pooling.connect_options,
                 **options,
             )
             # Batches (at most one in flight per kind) never wait long for a
@@ -190,18 +208,27 @@ class Store:
             batch_timeout_s = min(settings.statement_timeout_s, BATCH_TIMEOUT_S)
             batch_settings["statement_timeout"] = str(int(batch_timeout_s * 1000))
             batch_options = dict(options, command_timeout=batch_timeout_s + 0.5)
+            batch_pooling = Pooling(mode, batch_settings, rollback_s)
             try:
                 batch_pool = await asyncpg.create_pool(
-                    dsn, min_size=1, max_size=3, server_settings=batch_settings, **batch_options
+                    dsn,
+                    min_size=1,
+                    # One connection per kind of batched statement: claims,
+                    # renewals, reads, and the effect ledger's two.
+                    max_size=5,
+                    server_settings=batch_pooling.server_settings,
+                    **batch_pooling.connect_options,
+                    **batch_options,
                 )
             except BaseException:
                 pool.terminate()
                 raise
-        return cls(pool, settings, batch_pool)
+        return cls(pool, settings, batch_pool, pooling, batch_pooling)
 
     async def close(self) -> None:
         """Closes the pools, waiting for connections in use (bounded by the statement timeout)."""
-        for statement in (self._claims, self._renewals, self._reads):
+        statements: list[BatchedStatement[Any]] = [self._claims, self._renewals, self._reads]
+        for statement in statements + self._more:
             await statement.close()
         for pool in (self._pool, self._batch_pool):
             try:
@@ -230,22 +257,40 @@ class Store:
         self.outcomes.success()
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+    async def _connection(self, transaction: bool = False) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection for a request; how its use ended goes to ``outcomes``."""
         with self._outcome():
-            async with self._pooled() as conn:
+            async with self._pooled(transaction) as conn:
                 yield conn
 
     @contextlib.asynccontextmanager
-    async def _pooled(self) -> AsyncIterator[asyncpg.Connection]:
-        """A pooled connection; driver errors leave translated (translate_errors)."""
+    async def _pooled(self, transaction: bool = False) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection; driver errors leave translated (translate_errors).
+
+        ``transaction``: the block is one transaction; else it sends one
+        statement, in a transaction of its own in transaction mode (pooling.py).
+        """
         with translate_errors():
             async with self._pool.acquire(timeout=self._settings.connect_timeout_s) as conn:
+                around = self._pooling.transaction if transaction else self._pooling.statement
                 try:
-                    yield conn
+                    async with around(conn):
+                        yield conn
                 except driver_errors.DROP_CONNECTION:
                     conn.terminate()
                     raise
+
+    def batched(self, name: str, params: type[Any]) -> BatchedStatement[Any]:
+        """Statement ``name`` of ``queries.sql``, batched on the batch pool as claims are.
+
+        For the effect ledger (``ledger.py``); closed with the store. ``params``:
+        its parameter dataclass (``statements.BatchedStatement``).
+        """
+        statement: BatchedStatement[Any] = BatchedStatement(
+            name, self._sql, params, **self._batched
+        )
+        self._more.append(statement)
+        return statement
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -262,9 +307,10 @@ class Store:
         """A pooled connection inside one transaction (READ COMMITTED).
 
         The transaction commits when the block exits normally and rolls back
-        when it raises; driver errors leave as DatabaseUnavailable.
+        when it raises; driver errors leave as DatabaseUnavailable. In
+        transaction mode it begins by setting the timeouts (pooling.py).
         """
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection(transaction=True) as conn:
             yield conn
 
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:

@@ -14,12 +14,19 @@ import asyncio
 import contextlib
 from collections import defaultdict, deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from leasekeeper_server.core.model import TaskKey
 
 # Events a Watch subscription may hold unread; past that it is told of a gap.
 MAX_PENDING_EVENTS = 1000
+
+
+class Doorbell(Protocol):
+    """What a watcher of a task is rung with: ``asyncio.Event``, or anything with ``set()``."""
+
+    def set(self) -> None:
+        """Rung on a change of the task (or when changes may have been missed)."""
 
 
 class Subscription:
@@ -64,7 +71,7 @@ class Fanout:
     """The watchers and the subscriptions of a change feed, by task and by topic."""
 
     def __init__(self) -> None:
-        self._watchers: defaultdict[TaskKey, set[asyncio.Event]] = defaultdict(set)
+        self._watchers: defaultdict[TaskKey, set[Doorbell]] = defaultdict(set)
         # By (namespace, task_id): task_id None for a whole namespace, both None for all.
         self._subscribers: defaultdict[tuple[str | None, str | None], set[Subscription]] = (
             defaultdict(set)
@@ -74,13 +81,23 @@ class Fanout:
     def watch(self, key: TaskKey) -> Iterator[asyncio.Event]:
         """An event set whenever ``key``'s ownership may have changed; clear it after checking."""
         event = asyncio.Event()
-        self._watchers[key].add(event)
-        try:
+        with self.ring(key, event):
             yield event
+
+    @contextlib.contextmanager
+    def ring(self, key: TaskKey, bell: Doorbell) -> Iterator[None]:
+        """Calls ``bell.set()`` whenever ``key``'s ownership may have changed, while the block runs.
+
+        :meth:`watch` with a bell of the caller's: a Session stream rings one
+        small object per lease instead of keeping an event and a task for each.
+        """
+        self._watchers[key].add(bell)
+        try:
+            yield
         finally:
             watchers = self._watchers.get(key)
             if watchers is not None:
-                watchers.discard(event)
+                watchers.discard(bell)
                 if not watchers:
                     del self._watchers[key]
 

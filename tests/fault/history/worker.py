@@ -248,7 +248,17 @@ class Worker:
                 code=str(error.code),
             )
             await asyncio.sleep(rng.uniform(0.05, 0.3))
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as error:
+        # InternalClientError: asyncpg found a pooled connection of the outside system
+        # still mid-operation ("another operation is in progress"), seen once under a
+        # Patroni switchover (tests/ha) after an effect was cancelled mid-query; the pool
+        # terminates that connection, and the next apply gets a new one.
+        except (
+            OSError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            asyncpg.InternalClientError,
+            TimeoutError,
+        ) as error:
             h.add("error", task=task_id, fence=fence, error=type(error).__name__)
             await asyncio.sleep(rng.uniform(0.05, 0.3))
 

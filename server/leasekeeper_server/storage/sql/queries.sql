@@ -131,6 +131,13 @@ RETURNING {{lease_columns}}, {{checkpoint_columns}}, clock_timestamp() AS db_now
 -- the version is higher than the stored one (otherwise the stored one stays,
 -- and the returned checkpoint_version says so); an element with a NULL ttl
 -- writes its checkpoint without renewing (SaveCheckpoint).
+-- Each element's values reach its row's update through EXCLUDED (the proposed
+-- row), not by looking the element up in p again: such a lookup scans p for
+-- every row, a cost that grew with the square of the batch (1000 renewals:
+-- 91-173 ms; through EXCLUDED, 18 ms). The checkpoint columns carry the
+-- checkpoint, and checkpoint_time carries the ttl, as 'epoch' + ttl (NULL: no
+-- renewal), taken back by subtracting 'epoch'; the proposed row is never
+-- stored (its insert always conflicts), so none of it lands in the table.
 WITH p AS MATERIALIZED (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::interval[],
                          $6::bigint[], $7::bytea[], $8::text[])
@@ -139,9 +146,12 @@ WITH p AS MATERIALIZED (
 )
 INSERT INTO leasekeeper_tasks AS t
     (namespace, task_id, owner_id, fence, state,
-     expire_time, runtime_deadline, claim_time, update_time, end_reason)
+     expire_time, runtime_deadline, claim_time, update_time, end_reason,
+     checkpoint_version, checkpoint_data, checkpoint_content_type, checkpoint_time)
 SELECT p.namespace, p.task_id, p.owner_id, p.fence, 'held',
-       clock_timestamp(), clock_timestamp(), clock_timestamp(), clock_timestamp(), NULL
+       clock_timestamp(), clock_timestamp(), clock_timestamp(), clock_timestamp(), NULL,
+       p.checkpoint_version, p.checkpoint_data, p.checkpoint_content_type,
+       'epoch'::timestamptz + p.ttl
 FROM p
 WHERE EXISTS (SELECT 1 FROM leasekeeper_tasks x
               WHERE x.namespace = p.namespace AND x.task_id = p.task_id)
@@ -149,18 +159,20 @@ ORDER BY p.namespace, p.task_id
 ON CONFLICT (namespace, task_id) DO UPDATE
 SET (expire_time, update_time, checkpoint_version, checkpoint_data, checkpoint_content_type,
      checkpoint_fence, checkpoint_time) =
-    (SELECT CASE WHEN p.ttl IS NULL THEN t.expire_time  -- least() would skip the NULL
-                 ELSE least(c.now + p.ttl, t.runtime_deadline) END,
+    (SELECT CASE WHEN EXCLUDED.checkpoint_time IS NULL  -- no ttl: least() would skip the NULL
+                 THEN t.expire_time
+                 ELSE least(c.now + (EXCLUDED.checkpoint_time - 'epoch'::timestamptz),
+                            t.runtime_deadline) END,
             c.now,
-            CASE WHEN w.save THEN p.checkpoint_version ELSE t.checkpoint_version END,
-            CASE WHEN w.save THEN p.checkpoint_data ELSE t.checkpoint_data END,
-            CASE WHEN w.save THEN p.checkpoint_content_type ELSE t.checkpoint_content_type END,
+            CASE WHEN w.save THEN EXCLUDED.checkpoint_version ELSE t.checkpoint_version END,
+            CASE WHEN w.save THEN EXCLUDED.checkpoint_data ELSE t.checkpoint_data END,
+            CASE WHEN w.save THEN EXCLUDED.checkpoint_content_type
+                 ELSE t.checkpoint_content_type END,
             CASE WHEN w.save THEN t.fence ELSE t.checkpoint_fence END,
             CASE WHEN w.save THEN c.now ELSE t.checkpoint_time END
-     FROM p, (SELECT clock_timestamp() AS now) c,
-          LATERAL (SELECT coalesce(p.checkpoint_version > t.checkpoint_version,
-                                   p.checkpoint_version IS NOT NULL) AS save) w
-     WHERE p.namespace = EXCLUDED.namespace AND p.task_id = EXCLUDED.task_id)
+     FROM (SELECT clock_timestamp() AS now) c,
+          LATERAL (SELECT coalesce(EXCLUDED.checkpoint_version > t.checkpoint_version,
+                                   EXCLUDED.checkpoint_version IS NOT NULL) AS save) w)
 WHERE t.owner_id = EXCLUDED.owner_id AND t.fence = EXCLUDED.fence
   AND {{lease_is_live}}
   AND t.runtime_deadline > clock_timestamp()
@@ -350,78 +362,288 @@ FROM c,
                LIMIT $2::int) r
      ) e;
 
--- name: lock_lease
--- Takes a share lock on the task's row, then reads the row and the clock.
--- Claims, renewals and releases update the row, so they wait until the
--- transaction ends. The lock is taken inside the MATERIALIZED CTE; the clock
--- is read by the outer query only after the CTE has returned the locked row
--- (in its newest version, if a committed update was waited for).
-WITH t AS MATERIALIZED (
-    SELECT * FROM leasekeeper_tasks
-    WHERE namespace = $1::text AND task_id = $2::text
-    FOR SHARE
+-- fragment: effect_answer_columns
+-- The effect's record in the answer rows of begin_effect and complete_effect,
+-- from the row aliased x. Its columns are prefixed e_ (storage/ledger.py
+-- answered_effect) because the row also holds the task's lease, whose
+-- columns share their names; the key is the caller's.
+x.policy AS e_policy, x.request_digest AS e_request_digest, x.state AS e_state,
+x.fence AS e_fence, x.complete_fence AS e_complete_fence, x.retryable AS e_retryable,
+x.result AS e_result, x.attempts AS e_attempts, x.begin_time AS e_begin_time,
+x.complete_time AS e_complete_time, x.external_operation_id AS e_external_operation_id
+
+-- The effect ledger (storage/ledger.py). BeginEffect is statement
+-- begin_effect, CompleteEffect statement complete_effect: one statement per
+-- call, and so one transaction, whose writes commit when it ends or not at
+-- all. Like claim and renew they take arrays, one element per call (a call
+-- alone is a batch of one; the calls arriving together are one statement:
+-- storage/statements.py BatchedStatement, which never puts two calls of one
+-- task in a batch), and each element is decided as if alone. The rules are
+-- core/effect_rules.py's (the tables of docs/guarantees.md and
+-- docs/concepts/effects.md); storage/memory_ledger.py keeps the same rules,
+-- held to these statements by tests/conformance.
+--
+-- Both decide in the same steps, each a MATERIALIZED CTE:
+--   t  the tasks' rows, locked: FOR SHARE, or FOR NO KEY UPDATE for an
+--      element that writes its task's row too (complete_effect with a
+--      checkpoint). A claim, renewal, release, revoke or cancel of the task
+--      updates the row, so it waits until the statement has committed.
+--   r  the effects' records, locked FOR UPDATE, each after its task's row
+--      (the lock is taken above the join with t): a statement takes a task's
+--      row before its records, the rows in (namespace, task_id) order and
+--      the records in key order. A locked row is read in its newest
+--      committed version. A batch that meets another's lock all the same
+--      waits at most the batch pool's lock timeout, then its calls are sent
+--      one by one (RUN_ALONE): a lock cycle costs time, never an answer.
+--   d  the database clock, read for each element after its task's row and
+--      its record are held (in the target list of the join of t and r,
+--      computed only once both are read), and what the rows say.
+--   v  whether the caller's fence may act on that clock: it is the task's
+--      fence and its lease is live ({{lease_is_live}}): core/model.py
+--      fence_loss, whose reason ledger.py gives a refusal, is the same rule;
+--      then the effect's rules, in each statement.
+-- Then the writes, each only where v allows it, and one answer row per
+-- element whose task exists: the lease and the clock (a refusal's reason is
+-- read from them), may_act, and the record (e_*) as written (e_written
+-- true), as found when nothing was written (false), or none (NULL).
+--
+-- Why an effect is done at most once (with the outside system's help, see
+-- docs/concepts/effects.md):
+-- * A stale fence can neither reserve nor confirm: a write is made only for
+--   the task's current fence with a live lease on a clock read after the
+--   statement holds the task's row, and the row stays held until the write
+--   has committed, so no newer grant can come between the check and the
+--   commit.
+-- * Calls for one key are decided one after another, each on what the one
+--   before it wrote: the record is locked before it is read. Of many
+--   BeginEffect calls for a new key one inserts the record and gets PROCEED;
+--   every other one finds it RESERVED (IN_DOUBT). One whose statement began
+--   before that insert committed does not see the record (its snapshot is
+--   older): its own insert conflicts and writes nothing (e_written NULL),
+--   and ledger.py sends it again, when it finds the record.
+-- * A reservation is made over a record only when the rules say PROCEED, an
+--   outcome only over a RESERVED record: a confirmed ONCE outcome is never
+--   replaced, and a LATEST one only by a newer fence.
+
+-- name: begin_effect
+-- BeginEffect (storage/ledger.py BeginParams: namespace, task_id, effect_key,
+-- policy 'once' or 'latest', request_digest, fence). Over a record, these are
+-- the rows of core/effect_rules.py decide_begin that answer PROCEED
+-- (v.proceeds): the record's policy is the caller's, and either the caller
+-- supersedes it (LATEST, and the fence is above both the one that reserved
+-- it and the one that completed it: the digest may change), or it FAILED
+-- retryable and the digest is the same.
+-- Writes: the key's first record (attempts 1) where there is none (first);
+-- or a new attempt over the record (again: reserved by the caller's fence
+-- with its digest, attempts + 1, the outcome cleared; the policy stays, and
+-- the external operation id until the attempt's outcome replaces it). Over a
+-- record whose rules say otherwise nothing is written and the record is
+-- answered as found: ledger.py applies decide_begin to it (IN_DOUBT,
+-- ALREADY_APPLIED, or EFFECT_KEY_REUSED).
+-- A new attempt never waits (the record is held since r), but a key's first
+-- record can: for another transaction inserting the same key, which may roll
+-- back (INSERT ... ON CONFLICT then inserts the row decided before the
+-- wait). So after the writes the clock is read again, and a lease that ran
+-- out meanwhile fails the statement (leasekeeper_lease_ran_out, SQLSTATE
+-- LK001, migrations/0010_effect_statements.sql): nothing is reserved, the
+-- batch's calls are sent one by one, and that one is answered LeaseLost.
+WITH p AS MATERIALIZED (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[],
+                         $6::bigint[])
+        AS p(namespace, task_id, effect_key, policy, request_digest, fence)
+), t AS MATERIALIZED (
+    SELECT k.* FROM leasekeeper_tasks k
+    JOIN p ON k.namespace = p.namespace AND k.task_id = p.task_id
+    ORDER BY k.namespace, k.task_id
+    FOR SHARE OF k
+), r AS MATERIALIZED (
+    SELECT e.* FROM t
+    JOIN p ON p.namespace = t.namespace AND p.task_id = t.task_id
+    JOIN leasekeeper_effects e
+      ON e.namespace = p.namespace AND e.task_id = p.task_id AND e.effect_key = p.effect_key
+    ORDER BY e.namespace, e.task_id, e.effect_key
+    FOR UPDATE OF e
+), d AS MATERIALIZED (
+    SELECT p.namespace, p.task_id, p.effect_key, clock_timestamp() AS db_now,
+           r.effect_key IS NOT NULL AS found
+    FROM t
+    JOIN p ON p.namespace = t.namespace AND p.task_id = t.task_id
+    LEFT JOIN r
+      ON r.namespace = p.namespace AND r.task_id = p.task_id AND r.effect_key = p.effect_key
+), v AS MATERIALIZED (
+    SELECT p.*, d.db_now, d.found,
+           t.fence = p.fence AND {{lease_is_live:d.db_now}} AS may_act,
+           coalesce(r.policy = p.policy
+                    AND ((r.policy = 'latest'
+                          AND p.fence > greatest(r.fence, coalesce(r.complete_fence, 0)))
+                         OR (r.state = 'failed' AND r.retryable
+                             AND r.request_digest = p.request_digest)),
+                    false) AS proceeds
+    FROM d
+    JOIN p ON p.namespace = d.namespace AND p.task_id = d.task_id
+          AND p.effect_key = d.effect_key
+    JOIN t ON t.namespace = d.namespace AND t.task_id = d.task_id
+    LEFT JOIN r
+      ON r.namespace = d.namespace AND r.task_id = d.task_id AND r.effect_key = d.effect_key
+), first AS (
+    INSERT INTO leasekeeper_effects
+        (namespace, task_id, effect_key, policy, request_digest, state, fence,
+         attempts, begin_time)
+    SELECT v.namespace, v.task_id, v.effect_key, v.policy, v.request_digest, 'reserved',
+           v.fence, 1, v.db_now
+    FROM v
+    WHERE v.may_act AND NOT v.found
+    ORDER BY v.namespace, v.task_id, v.effect_key
+    ON CONFLICT (namespace, task_id, effect_key) DO NOTHING
+    RETURNING *
+), again AS (
+    UPDATE leasekeeper_effects AS e
+    SET state = 'reserved', fence = v.fence, request_digest = v.request_digest,
+        attempts = e.attempts + 1, begin_time = v.db_now,
+        complete_fence = NULL, complete_time = NULL, retryable = false, result = ''::bytea
+    FROM v
+    WHERE e.namespace = v.namespace AND e.task_id = v.task_id AND e.effect_key = v.effect_key
+      AND v.may_act AND v.proceeds
+    RETURNING e.*
+), x AS (
+    SELECT first.*, true AS written FROM first
+    UNION ALL
+    SELECT again.*, true FROM again
+    UNION ALL
+    SELECT r.*, false FROM r
+    WHERE NOT EXISTS (SELECT FROM first f WHERE f.namespace = r.namespace
+                        AND f.task_id = r.task_id AND f.effect_key = r.effect_key)
+      AND NOT EXISTS (SELECT FROM again a WHERE a.namespace = r.namespace
+                        AND a.task_id = r.task_id AND a.effect_key = r.effect_key)
 )
-SELECT {{lease_columns}}, clock_timestamp() AS db_now FROM t;
-
--- name: lock_lease_exclusive
--- As lock_lease, with an exclusive lock: for a transaction that then writes
--- the row (CompleteEffect with a next checkpoint), so two such transactions
--- never both hold a share lock and wait for each other to upgrade it.
-WITH t AS MATERIALIZED (
-    SELECT * FROM leasekeeper_tasks
-    WHERE namespace = $1::text AND task_id = $2::text
-    FOR UPDATE
-)
-SELECT {{lease_columns}}, clock_timestamp() AS db_now FROM t;
-
--- name: insert_effect
--- The first reservation of an effect; no row when the key already has one
--- (after waiting for a concurrent first reservation to commit).
-INSERT INTO leasekeeper_effects
-    (namespace, task_id, effect_key, policy, request_digest, state, fence,
-     attempts, begin_time)
-VALUES ($1::text, $2::text, $3::text, $4::text, $5::bytea, 'reserved', $6::bigint,
-        1, clock_timestamp())
-ON CONFLICT (namespace, task_id, effect_key) DO NOTHING
-RETURNING *, (SELECT {{lease_is_live}}
-                FROM leasekeeper_tasks t
-                WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
-
--- name: lock_effect
--- The effect's record, locked until the transaction ends. lease_live is read
--- by the outer query, after the MATERIALIZED CTE has taken the lock.
-WITH e AS MATERIALIZED (
-    SELECT * FROM leasekeeper_effects
-    WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
-    FOR UPDATE
-)
-SELECT e.*, (SELECT {{lease_is_live}}
-             FROM leasekeeper_tasks t
-             WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live
-FROM e;
-
--- name: reserve_effect
--- A new attempt over a locked record: for fence $5 with digest $4.
-UPDATE leasekeeper_effects
-SET state = 'reserved', fence = $5::bigint, request_digest = $4::bytea,
-    attempts = attempts + 1, begin_time = clock_timestamp(),
-    complete_fence = NULL, complete_time = NULL, retryable = false, result = ''::bytea
-WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
-RETURNING *, (SELECT {{lease_is_live}}
-                FROM leasekeeper_tasks t
-                WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
+SELECT {{lease_columns}}, v.db_now, v.may_act, x.written AS e_written,
+       {{effect_answer_columns}},
+       CASE WHEN x.written AND NOT {{lease_is_live}}
+            THEN leasekeeper_lease_ran_out(v.fence) END AS lease_ran_out
+FROM v
+JOIN t ON t.namespace = v.namespace AND t.task_id = v.task_id
+LEFT JOIN x ON x.namespace = v.namespace AND x.task_id = v.task_id
+           AND x.effect_key = v.effect_key;
 
 -- name: complete_effect
--- Records the outcome $5 ('succeeded' or 'failed') over a locked record, by
--- fence $4, with the outside system's operation id $8.
-UPDATE leasekeeper_effects
-SET state = $5::text, retryable = $6::boolean, result = $7::bytea,
-    complete_fence = $4::bigint, complete_time = clock_timestamp(),
-    external_operation_id = $8::text
-WHERE namespace = $1::text AND task_id = $2::text AND effect_key = $3::text
-RETURNING *, (SELECT {{lease_is_live}}
-                FROM leasekeeper_tasks t
-                WHERE t.namespace = $1::text AND t.task_id = $2::text) AS lease_live;
+-- CompleteEffect (storage/ledger.py CompleteParams: namespace, task_id,
+-- effect_key, fence, the outcome's state 'succeeded' or 'failed', retryable,
+-- result, the outside system's operation id; the version, data and content
+-- type of the task's next checkpoint, all NULL without one). The rules of
+-- core/effect_rules.py check_complete: over a RESERVED record the outcome is
+-- written (w), completed by the caller's fence (at least the one that
+-- reserved it: a replacement records what it reconciled); over a confirmed
+-- one nothing is written, and ledger.py answers the record (the same outcome
+-- again) or EFFECT_ALREADY_COMPLETED; with no record, EFFECT_NOT_BEGUN.
+-- With a checkpoint (CompleteEffect.next_checkpoint) the outcome and the
+-- checkpoint (s) are written both or neither. The checkpoint is decided as
+-- statement renew decides SaveCheckpoint's: stored for the live current
+-- fence with a version above the stored one; the same version, data and
+-- content type stored by this fence already stand (a retry); any other
+-- version refuses both (CHECKPOINT_NOT_NEWER). Its task's row is then locked
+-- FOR NO KEY UPDATE from the start (t_written), since the statement writes
+-- it: two such statements never both hold a share lock and wait for each
+-- other to upgrade it (ledger.py sends such a call alone, never in a batch).
+-- Without one, FOR SHARE (t_read): completions of one task's effects do not
+-- wait for each other.
+-- Nothing here waits after the clock is read (every row written is held
+-- since t and r), so the clock of v is the clock of the writes. The
+-- checkpoint's time is read from the outcome written (w.complete_time, the
+-- same instant), so the outcome is written first and its history entry
+-- comes before the checkpoint's.
+WITH p AS MATERIALIZED (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[],
+                         $6::boolean[], $7::bytea[], $8::text[], $9::bigint[], $10::bytea[],
+                         $11::text[])
+        AS p(namespace, task_id, effect_key, fence, state, retryable, result,
+             external_operation_id, checkpoint_version, checkpoint_data,
+             checkpoint_content_type)
+), t_read AS MATERIALIZED (
+    SELECT k.* FROM leasekeeper_tasks k
+    JOIN p ON k.namespace = p.namespace AND k.task_id = p.task_id
+    WHERE p.checkpoint_version IS NULL
+    ORDER BY k.namespace, k.task_id
+    FOR SHARE OF k
+), t_written AS MATERIALIZED (
+    SELECT k.* FROM leasekeeper_tasks k
+    JOIN p ON k.namespace = p.namespace AND k.task_id = p.task_id
+    WHERE p.checkpoint_version IS NOT NULL
+    ORDER BY k.namespace, k.task_id
+    FOR NO KEY UPDATE OF k
+), t AS MATERIALIZED (
+    SELECT * FROM t_read UNION ALL SELECT * FROM t_written
+), r AS MATERIALIZED (
+    SELECT e.* FROM t
+    JOIN p ON p.namespace = t.namespace AND p.task_id = t.task_id
+    JOIN leasekeeper_effects e
+      ON e.namespace = p.namespace AND e.task_id = p.task_id AND e.effect_key = p.effect_key
+    ORDER BY e.namespace, e.task_id, e.effect_key
+    FOR UPDATE OF e
+), d AS MATERIALIZED (
+    SELECT p.namespace, p.task_id, p.effect_key, clock_timestamp() AS db_now,
+           coalesce(r.state = 'reserved', false) AS open,
+           coalesce(r.state = 'reserved'
+                    OR (r.state = p.state AND r.retryable = p.retryable
+                        AND r.result = p.result),
+                    false) AS outcome_stands,
+           coalesce(p.checkpoint_version > t.checkpoint_version,
+                    p.checkpoint_version IS NOT NULL) AS checkpoint_newer,
+           coalesce(p.checkpoint_version = t.checkpoint_version
+                    AND t.checkpoint_fence = p.fence
+                    AND t.checkpoint_data = p.checkpoint_data
+                    AND t.checkpoint_content_type = p.checkpoint_content_type,
+                    false) AS checkpoint_repeated
+    FROM t
+    JOIN p ON p.namespace = t.namespace AND p.task_id = t.task_id
+    LEFT JOIN r
+      ON r.namespace = p.namespace AND r.task_id = p.task_id AND r.effect_key = p.effect_key
+), v AS MATERIALIZED (
+    SELECT p.*, d.db_now, d.open, d.outcome_stands, d.checkpoint_newer,
+           t.fence = p.fence AND {{lease_is_live:d.db_now}} AS may_act,
+           p.checkpoint_version IS NULL OR d.checkpoint_newer OR d.checkpoint_repeated
+               AS checkpoint_stands
+    FROM d
+    JOIN p ON p.namespace = d.namespace AND p.task_id = d.task_id
+          AND p.effect_key = d.effect_key
+    JOIN t ON t.namespace = d.namespace AND t.task_id = d.task_id
+), w AS (
+    UPDATE leasekeeper_effects AS e
+    SET state = v.state, retryable = v.retryable, result = v.result,
+        complete_fence = v.fence, complete_time = v.db_now,
+        external_operation_id = v.external_operation_id
+    FROM v
+    WHERE e.namespace = v.namespace AND e.task_id = v.task_id AND e.effect_key = v.effect_key
+      AND v.may_act AND v.open AND v.checkpoint_stands
+    RETURNING e.*
+), s AS (
+    UPDATE leasekeeper_tasks AS k
+    SET (checkpoint_version, checkpoint_data, checkpoint_content_type, checkpoint_fence,
+         checkpoint_time, update_time) =
+        (SELECT v.checkpoint_version, v.checkpoint_data, v.checkpoint_content_type, k.fence,
+                c.at, c.at
+         FROM (SELECT coalesce((SELECT w.complete_time FROM w
+                                WHERE w.namespace = v.namespace AND w.task_id = v.task_id
+                                  AND w.effect_key = v.effect_key),
+                               v.db_now) AS at) c)
+    FROM v
+    WHERE k.namespace = v.namespace AND k.task_id = v.task_id
+      AND v.may_act AND v.outcome_stands AND v.checkpoint_newer
+    RETURNING k.namespace, k.task_id, k.checkpoint_time
+), x AS (
+    SELECT w.*, true AS written FROM w
+    UNION ALL
+    SELECT r.*, false FROM r
+    WHERE NOT EXISTS (SELECT FROM w WHERE w.namespace = r.namespace
+                        AND w.task_id = r.task_id AND w.effect_key = r.effect_key)
+)
+SELECT {{lease_columns}}, v.db_now, v.may_act, x.written AS e_written,
+       {{effect_answer_columns}},
+       v.checkpoint_stands, coalesce(s.checkpoint_time, t.checkpoint_time) AS checkpoint_time
+FROM v
+JOIN t ON t.namespace = v.namespace AND t.task_id = v.task_id
+LEFT JOIN x ON x.namespace = v.namespace AND x.task_id = v.task_id
+           AND x.effect_key = v.effect_key
+LEFT JOIN s ON s.namespace = v.namespace AND s.task_id = v.task_id;
 
 -- name: list_effects
 -- One page of a task's effects after effect_key $3 (keyset), optionally only
