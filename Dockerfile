@@ -6,7 +6,12 @@
 # required (LEASEKEEPER_AUTH=auto): create them with `leasekeeper tokens create`
 # or mount a LEASEKEEPER_TOKENS_FILE (README: Operations).
 
-FROM python:3.11-slim AS build
+# The base of both stages: any image with Python 3.11 (python, python -m venv) and
+# Debian's groupadd/useradd. CI's `make image-test` (tests/image/) passes a Debian
+# bookworm base it makes with debootstrap, and needs no registry.
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY client client
@@ -18,7 +23,7 @@ RUN python -m venv /opt/leasekeeper \
  && /opt/leasekeeper/bin/pip install --no-cache-dir --upgrade pip \
  && /opt/leasekeeper/bin/pip install --no-cache-dir '.[server]'
 
-FROM python:3.11-slim
+FROM ${BASE_IMAGE}
 # uid and gid 10001: deploy/k8s/deployment.yaml runs the pod as 10001:10001.
 RUN groupadd --system --gid 10001 leasekeeper \
  && useradd --system --uid 10001 --gid 10001 --home-dir /data --create-home leasekeeper
