@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import grpc
@@ -36,8 +38,12 @@ async def run_fleet(
     interval_s: float,
     duration_s: float,
     ttl_s: float = 90.0,
+    window: Callable[[], AbstractAsyncContextManager[object]] | None = None,
 ) -> dict[str, Any]:
     """Runs the fleet against the server at ``target`` (process ``pid``); returns its figures.
+
+    ``window``, if given, is entered when the beats start and left when they
+    end (every stream open, the claims done): a caller's readings around them.
 
     This process holds all the client streams too: its own collector is made
     rare (the server's ``tune_gc``), or its pauses would be counted as the
@@ -106,9 +112,12 @@ async def run_fleet(
                     acked += 1
                     latencies.append(time.perf_counter() - began)
                 next_at += interval_s
+                if next_at >= stop_at:
+                    break  # no idle tail after the last beat
                 await asyncio.sleep(max(0.0, next_at - loop.time()))
 
-        await asyncio.gather(*(keep(i, call) for i, call in enumerate(calls)))
+        async with window() if window is not None else contextlib.nullcontext():
+            await asyncio.gather(*(keep(i, call) for i, call in enumerate(calls)))
         cpu = cpu_seconds(pid) - cpu0
         rss_end = rss_bytes(pid)
     finally:
