@@ -4,21 +4,12 @@
  * for the holder.
  */
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { InterceptingCall, type Interceptor, ListenerBuilder, Metadata, status } from "@grpc/grpc-js";
 import { ClaimTimeout, LeaseClient, LeaseLost, newRequestId, NotAcquired } from "../src/index.js";
-import { freshNamespace, pollUntil, Server, type TestDatabase, testDatabase } from "./support/server.js";
+import { freshNamespace, pollUntil, serverForFile } from "./support/server.js";
 
-let db: TestDatabase;
-let server: Server;
-before(async () => {
-  db = testDatabase();
-  server = await Server.start(db);
-});
-after(async () => {
-  await server?.stop();
-  db?.drop();
-});
+const server = serverForFile();
 
 function client(options: ConstructorParameters<typeof LeaseClient>[0] = {}): LeaseClient {
   return new LeaseClient({ target: server.target, namespace: freshNamespace(), ...options });

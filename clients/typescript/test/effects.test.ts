@@ -5,7 +5,7 @@
  * and FenceChecker refuse a stale fence.
  */
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import {
   EffectFailed,
   EffectInDoubt,
@@ -15,18 +15,9 @@ import {
   requestDigest,
   StaleFence,
 } from "../src/index.js";
-import { freshNamespace, Server, type TestDatabase, testDatabase } from "./support/server.js";
+import { freshNamespace, serverForFile } from "./support/server.js";
 
-let db: TestDatabase;
-let server: Server;
-before(async () => {
-  db = testDatabase();
-  server = await Server.start(db);
-});
-after(async () => {
-  await server?.stop();
-  db?.drop();
-});
+const server = serverForFile();
 
 const text = (data: Uint8Array) => Buffer.from(data).toString("utf8");
 

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { status as Code } from "@grpc/grpc-js";
 import {
   AccessDenied,
@@ -31,7 +31,7 @@ import {
   TaskNotQuarantined,
   TaskQuarantined,
 } from "../src/index.js";
-import { freshNamespace, ROOT, Server, type TestDatabase, testDatabase } from "./support/server.js";
+import { freshNamespace, ROOT, serverForFile } from "./support/server.js";
 
 type ErrorClass = abstract new (...args: never[]) => LeaseError;
 
@@ -94,16 +94,7 @@ test("every ErrorInfo reason in the proto has its error class", () => {
   assert.ok(new TaskCompleted("x") instanceof TaskEnded);
 });
 
-let db: TestDatabase;
-let server: Server;
-before(async () => {
-  db = testDatabase();
-  server = await Server.start(db);
-});
-after(async () => {
-  await server?.stop();
-  db?.drop();
-});
+const server = serverForFile();
 
 test("the server's refusals arrive as typed errors", async () => {
   const c = new LeaseClient({ target: server.target, namespace: freshNamespace() });

@@ -5,7 +5,7 @@
  * sends, which the client turns back into typed errors.
  */
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import * as grpc from "@grpc/grpc-js";
 import {
   FENCE_CHECK_FAILED,
@@ -20,18 +20,9 @@ import {
   MissingFence,
   statusDetails,
 } from "../src/index.js";
-import { freshNamespace, Server, type TestDatabase, testDatabase } from "./support/server.js";
+import { freshNamespace, serverForFile } from "./support/server.js";
 
-let db: TestDatabase;
-let server: Server;
-before(async () => {
-  db = testDatabase();
-  server = await Server.start(db);
-});
-after(async () => {
-  await server?.stop();
-  db?.drop();
-});
+const server = serverForFile();
 
 // A tiny effect service with JSON messages: Send (protected) and Ping (not).
 const json = {

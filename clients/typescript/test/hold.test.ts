@@ -5,21 +5,12 @@
  * LeaseLost, and complete()/close() end the lease.
  */
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { LeaseClient, LeaseLost, TaskCompleted } from "../src/index.js";
-import { freshNamespace, pollUntil, Server, type TestDatabase, testDatabase } from "./support/server.js";
+import { freshNamespace, pollUntil, Server, serverForFile } from "./support/server.js";
 
-let db: TestDatabase;
-let server: Server;
-before(async () => {
-  db = testDatabase();
-  server = await Server.start(db);
-});
-after(async () => {
-  await server?.stop();
-  db?.drop();
-});
+const server = serverForFile();
 
 /** Resolves with the signal's reason once it is aborted. */
 function aborted(signal: AbortSignal): Promise<unknown> {
@@ -124,7 +115,7 @@ test("complete() ends the run: COMPLETED, the signal is not aborted, and the tas
 });
 
 test("a server paused past the ttl: the trust deadline passes on the client's clock and aborts the signal", async () => {
-  const paused = await Server.start(db);
+  const paused = await Server.start(server.database);
   const c = new LeaseClient({ target: paused.target, namespace: freshNamespace() });
   try {
     const lease = await c.hold("t", { ttl: 2 });

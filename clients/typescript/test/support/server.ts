@@ -13,6 +13,7 @@ import { randomBytes } from "node:crypto";
 import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
+import { after, before } from "node:test";
 import { fileURLToPath } from "node:url";
 
 /** The repository's root (this file is clients/typescript/{build/,}test/support/server.*). */
@@ -164,3 +165,31 @@ export async function pollUntil<T>(
 }
 
 export const PACKAGE_DIR = resolve(ROOT, "clients", "typescript");
+
+/**
+ * One server on a fresh database for a whole test file: started before its first test,
+ * stopped (and the database dropped) after its last. Returns where to reach it, and its
+ * database (for a second server of the same file).
+ */
+export function serverForFile(): { readonly target: string; readonly database: TestDatabase } {
+  let db: TestDatabase | undefined;
+  let server: Server | undefined;
+  before(async () => {
+    db = testDatabase();
+    server = await Server.start(db);
+  });
+  after(async () => {
+    await server?.stop();
+    db?.drop();
+  });
+  return {
+    get target(): string {
+      if (server === undefined) throw new Error("the file's server has not started");
+      return server.target;
+    },
+    get database(): TestDatabase {
+      if (db === undefined) throw new Error("the file's database has not been made");
+      return db;
+    },
+  };
+}
