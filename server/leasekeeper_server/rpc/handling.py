@@ -166,6 +166,22 @@ def status_for(error: Exception) -> grpc.Status:
     return status.internal_status(error_id)
 
 
+# The trailer in which grpc carries a call's google.rpc.Status.
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+def error_bytes(error: Exception) -> bytes:
+    """The serialized ``google.rpc.Status`` a unary call ending with ``error`` would carry.
+
+    A stream that answers one item with an error and goes on (a ValidateFences check, a
+    Session add) sends these bytes in that item's answer.
+    """
+    for key, value in status_for(error).trailing_metadata or ():
+        if key == _STATUS_DETAILS_KEY:
+            return bytes(value)
+    raise AssertionError("every status of status.py carries its google.rpc.Status")
+
+
 def _answering(
     handler: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
 ) -> Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:

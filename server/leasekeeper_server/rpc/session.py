@@ -55,7 +55,7 @@ from leasekeeper_server.core.errors import InvalidArgument, LeaseLost, Permissio
 from leasekeeper_server.core.model import Lease, LeaseRef, LossReason, TaskKey
 from leasekeeper_server.observability.metrics import Metrics
 from leasekeeper_server.rpc import convert, validate
-from leasekeeper_server.rpc.handling import check_parsed
+from leasekeeper_server.rpc.handling import check_parsed, error_bytes
 from leasekeeper_server.rpc.keeping import (
     log_loss,
     read_loss,
@@ -63,7 +63,6 @@ from leasekeeper_server.rpc.keeping import (
     renew_interval_s,
     seconds_left,
 )
-from leasekeeper_server.rpc.validate_stream import error_bytes
 from leasekeeper_server.rpc.waiting import TIMER_SLACK_S, Woken, first_of, guarding_credentials
 from leasekeeper_server.security import caller as auth
 from leasekeeper_server.settings import Settings

@@ -44,7 +44,7 @@ from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper_server.core.errors import InvalidArgument, ShuttingDown
 from leasekeeper_server.core.model import TaskKey, fence_loss
 from leasekeeper_server.rpc import convert, validate
-from leasekeeper_server.rpc.handling import check_parsed, status_for
+from leasekeeper_server.rpc.handling import check_parsed, error_bytes
 from leasekeeper_server.rpc.waiting import first_of, guarding_credentials
 from leasekeeper_server.security import caller as auth
 from leasekeeper_server.settings import Settings
@@ -57,7 +57,6 @@ MAX_CHECKS_PER_MESSAGE = 1000
 # The most checks of one stream being decided at once.
 MAX_DECIDING = 4000
 # The trailer that carries a status's google.rpc.Status (grpc_status.rpc_status).
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 Answer = pb.ValidateFencesResponse.Answer
 
@@ -88,14 +87,6 @@ async def fence_answer(store: LeaseStore, key: TaskKey, fence: int) -> pb.Valida
         current_fence=lease.fence if lease is not None else 0,
         reason=convert.loss_reason(reason),
     )
-
-
-def error_bytes(error: Exception) -> bytes:
-    """The serialized ``google.rpc.Status`` a unary call ending with ``error`` would carry."""
-    for key, value in status_for(error).trailing_metadata or ():
-        if key == _STATUS_DETAILS_KEY:
-            return bytes(value)
-    raise AssertionError("every status of status.py carries its google.rpc.Status")
 
 
 class ValidateFencesService:
