@@ -33,6 +33,7 @@ from leasekeeper_server.rpc.paging import PageTokens
 from leasekeeper_server.rpc.service import SERVICE_NAME
 from leasekeeper_server.rpc.servicer import LeaseServicer, method_handlers
 from leasekeeper_server.rpc.session import SessionService
+from leasekeeper_server.rpc.validate_stream import ValidateFencesService
 from leasekeeper_server.rpc.watch import WatchService
 from leasekeeper_server.security.authenticator import Authenticator
 from leasekeeper_server.security.interceptor import AuthInterceptor
@@ -177,6 +178,7 @@ class LeaseServer:
         self._health: HealthMonitor | None = None
         self.heartbeats: HeartbeatService | None = None
         self.sessions: SessionService | None = None
+        self.validations: ValidateFencesService | None = None
         self.watches: WatchService | None = None
         self.sweeper: ExpirySweeper | None = None
         self.pruner: HistoryPruner | None = None
@@ -224,6 +226,7 @@ class LeaseServer:
             store, self._events, s, self.metrics, shutdown=self.shutdown
         )
         self.sessions = SessionService(store, self._events, s, self.metrics, shutdown=self.shutdown)
+        self.validations = ValidateFencesService(store, s, shutdown=self.shutdown)
         self.watches = WatchService(store, self._events, s, shutdown=self.shutdown)
         await self._load_limits()
         self._events.on_config(self._on_config_change)
@@ -270,6 +273,7 @@ class LeaseServer:
                         page_tokens=page_tokens,
                         shutdown=self.shutdown,
                         sessions=self.sessions,
+                        validations=self.validations,
                     )
                 ),
             )

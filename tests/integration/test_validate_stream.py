@@ -13,6 +13,7 @@ asked with the unary call; FenceInterceptor's checks ride the stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ from leasekeeper import (
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from leasekeeper_server.app import LeaseServer
+from leasekeeper_server.rpc.validate_stream import MAX_CHECKS_PER_MESSAGE, MAX_DECIDING
 from leasekeeper_server.security import tokens
 from tests.conftest import RunningServer, make_settings, running_server
 from tests.fault.proxy import TcpProxy, tcp_proxy
@@ -58,19 +60,25 @@ class Stream:
         self.call = stub.ValidateFences(metadata=metadata)
         self.answers: dict[int, Any] = {}
         self.messages = 0
+        self.largest = 0  # the most answers one message carried
 
     async def ask(self, *checks: Any) -> dict[int, Any]:
         """Sends the checks in one message; returns their answers (read until all came)."""
         await self.call.write(pb.ValidateFencesRequest(checks=list(checks)))
         wanted = {c.id for c in checks}
         while not wanted <= self.answers.keys():
-            message = await asyncio.wait_for(self.call.read(), STEP_S)
-            assert message is not grpc.aio.EOF, "the stream ended before every check was answered"
-            self.messages += 1
-            for answer in message.answers:
-                assert answer.id not in self.answers, f"check {answer.id} answered twice"
-                self.answers[answer.id] = answer
+            await self.read()
         return {i: self.answers[i] for i in wanted}
+
+    async def read(self) -> None:
+        """Reads one message of answers into ``answers``."""
+        message = await asyncio.wait_for(self.call.read(), STEP_S)
+        assert message is not grpc.aio.EOF, "the stream ended before every check was answered"
+        self.messages += 1
+        self.largest = max(self.largest, len(message.answers))
+        for answer in message.answers:
+            assert answer.id not in self.answers, f"check {answer.id} answered twice"
+            self.answers[answer.id] = answer
 
     async def one(self, *args: Any) -> Any:
         (answer,) = (await self.ask(check(*args))).values()
@@ -310,6 +318,51 @@ async def test_a_message_of_more_than_1000_checks_answers_each_invalid(stub, str
     assert (await stream.one(5000, namespace, "t", fence)).response.valid
 
 
+async def test_a_message_of_many_thousand_checks_is_answered_in_messages_a_client_can_read(
+    stub, stream, namespace
+):
+    # 20,000 refusals of about 260 bytes: in one message, past a client's 4 MiB limit.
+    fence = await claim_held(stub, namespace, "t")
+    answers = await stream.ask(*(check(i, namespace, "t", fence) for i in range(20_000)))
+    assert len(answers) == 20_000
+    assert all(refusal(answer)[2] == ["checks"] for answer in answers.values())
+    assert stream.largest <= MAX_CHECKS_PER_MESSAGE
+    assert (await stream.one(50_000, namespace, "t", fence)).response.valid
+
+
+async def test_a_client_that_stops_reading_holds_the_server_back_and_loses_no_answer(
+    server, stream, namespace
+):
+    validations = server.server.validations
+    bad = pb.ValidateFenceRequest(namespace=namespace, task_id="", fence=1)  # ~260-byte answers
+    total = 100 * MAX_CHECKS_PER_MESSAGE  # about 26 MB of answers: more than gRPC buffers
+
+    async def send_all() -> None:
+        for first in range(0, total, MAX_CHECKS_PER_MESSAGE):
+            ids = range(first, first + MAX_CHECKS_PER_MESSAGE)
+            await stream.call.write(
+                pb.ValidateFencesRequest(checks=[Check(id=i, request=bad) for i in ids])
+            )
+        await stream.call.done_writing()
+
+    sending = asyncio.create_task(send_all())
+    try:
+        # The client reads nothing: the server's writes stall, and it stops reading checks
+        # instead of keeping their answers in memory.
+        await poll(lambda: validations.held_back == 1, "the server stopped reading the stream")
+        assert validations.unwritten <= MAX_DECIDING
+        while len(stream.answers) < total:
+            await stream.read()
+        await asyncio.wait_for(sending, STEP_S)
+    finally:
+        sending.cancel()
+    assert sorted(stream.answers) == list(range(total))
+    assert stream.largest <= MAX_CHECKS_PER_MESSAGE
+    assert await asyncio.wait_for(stream.call.read(), STEP_S) is grpc.aio.EOF
+    assert await stream.call.code() is grpc.StatusCode.OK
+    assert validations.unwritten == 0
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -408,7 +461,8 @@ async def test_the_stream_is_refused_without_an_effect_token(
 ):
     metadata = bearer((await token(db, role, namespace))[1]) if role else None
     stream = Stream(secured_stub, metadata)
-    await stream.call.write(pb.ValidateFencesRequest(checks=[check(1, namespace, "t", 1)]))
+    with contextlib.suppress(grpc.aio.AioRpcError):  # refused before the write, perhaps
+        await stream.call.write(pb.ValidateFencesRequest(checks=[check(1, namespace, "t", 1)]))
     error = await stream.end()
     assert (error.code(), error_info(error).reason) == (code, code.name)
 

@@ -49,6 +49,7 @@ class LeaseServicer:
         page_tokens: PageTokens,
         shutdown: asyncio.Event,
         sessions: SessionService | None = None,
+        validations: ValidateFencesService | None = None,
     ) -> None:
         """The handlers; ``shutdown`` is the server-wide signal (``app.py`` sets it when stopping).
 
@@ -63,8 +64,8 @@ class LeaseServicer:
         self._watches = watches
         self._page_tokens = page_tokens
         self._shutdown = shutdown
-        self._validations = ValidateFencesService(store, settings, shutdown=shutdown)
-        # None: one of its own (app.py passes the one it exposes, with the server's metrics).
+        # None: one of its own (app.py passes the ones it exposes, the sessions' with its metrics).
+        self._validations = validations or ValidateFencesService(store, settings, shutdown=shutdown)
         self._sessions = sessions or SessionService(store, events, settings, shutdown=shutdown)
 
     @unary

@@ -225,6 +225,7 @@ class _Session:
             raise InvalidArgument("sequence", "must be at least 1")
         if len(message.add) > MAX_ADDS:
             raise InvalidArgument("add", f"at most {MAX_ADDS} per message, got {len(message.add)}")
+        self._check_add_ids(message)
         answer = pb.SessionResponse(sequence=message.sequence)
         for lease_id in message.drop:
             kept = self._kept.get(lease_id)
@@ -246,19 +247,32 @@ class _Session:
         answer.held.extend(k.held(renewed=False) for k in unwritten if self._has(k))
         await self._write(answer)
 
+    def _check_add_ids(self, message: Any) -> None:
+        """Checks that each add's id can name its answer, before the message changes anything.
+
+        Raises:
+            InvalidArgument: an add's id is 0, names a lease of the session
+                that the message does not drop, or is another add's of the
+                same message (even a refused one: its refusal and the other's
+                answer would carry one id); ends the stream.
+        """
+        dropped = set(message.drop)
+        seen: set[int] = set()
+        for add in message.add:
+            if add.id == 0:
+                raise InvalidArgument("add.id", "must be at least 1")
+            if add.id in seen:
+                raise InvalidArgument("add.id", f"{add.id} names two adds of this message")
+            if add.id in self._kept and add.id not in dropped:
+                raise InvalidArgument("add.id", f"{add.id} already names a lease of this session")
+            seen.add(add.id)
+
     def _admit(self, add: pb.SessionRequest.Add, answer: pb.SessionResponse) -> _Kept | None:
         """Checks an add and puts its lease in the session (ringing); None when refused.
 
-        A refused add is answered in ``answer.refused`` with its status.
-
-        Raises:
-            InvalidArgument: the add's id is 0 or already names a lease of the
-                session (ends the stream: its answers could not be matched).
+        Its id was checked (``_check_add_ids``). A refused add is answered in
+        ``answer.refused`` with its status.
         """
-        if add.id == 0:
-            raise InvalidArgument("add.id", "must be at least 1")
-        if add.id in self._kept:
-            raise InvalidArgument("add.id", f"{add.id} already names a lease of this session")
         try:
             ref = validate.lease_ref(add, self.settings)
             ttl = validate.ttl(add, self.settings)

@@ -17,9 +17,12 @@ A stream reads messages in its handler's task (``_read``) and decides each
 message's checks in a task of their own, so checks of later messages do not
 wait for earlier ones: answers go out in the order they are decided, each
 with its check's id. One writer task (``_write``) sends what is decided,
-several answers per message when several are ready (group commit). At most
-``MAX_DECIDING`` checks of a stream are being decided at once; past that the
-stream stops reading, and gRPC's flow control holds the client back.
+several answers per message when several are ready (group commit), at most
+``MAX_CHECKS_PER_MESSAGE`` a message. At most ``MAX_DECIDING`` checks of a
+stream are read and not yet written (being decided, or decided and waiting
+for the writer); past that the stream stops reading, and gRPC's flow control
+holds the client back: a client that stops reading its answers makes the
+server stop reading its checks, never buffer them without bound.
 
 A check's bad input, or a namespace the caller's token does not cover, is
 that check's answer (a serialized ``google.rpc.Status``, made by
@@ -54,7 +57,8 @@ log = logging.getLogger(__name__)
 
 # The most checks in one message (a batch statement's size, storage/batch.py).
 MAX_CHECKS_PER_MESSAGE = 1000
-# The most checks of one stream being decided at once.
+# The most checks of one stream read and not yet answered on the wire (being
+# decided, or decided and waiting for the writer).
 MAX_DECIDING = 4000
 # The trailer that carries a status's google.rpc.Status (grpc_status.rpc_status).
 
@@ -97,6 +101,12 @@ class ValidateFencesService:
         self._store = store
         self._settings = settings
         self._shutdown = shutdown
+        self.open_streams = 0
+        """ValidateFences streams open now."""
+        self.unwritten = 0
+        """Checks read on the open streams whose answers are not yet written."""
+        self.held_back = 0
+        """Open streams not reading, until answers already decided are written."""
 
     async def serve(self, context: grpc.aio.ServicerContext) -> None:
         """Runs one stream to its end (the handler is wrapped by ``handling.streaming``).
@@ -110,24 +120,25 @@ class ValidateFencesService:
             Unauthenticated, PermissionDenied: the token was revoked, or no
                 longer covers a namespace the stream named.
         """
-        await _Stream(self._store, self._settings, self._shutdown, context).run()
+        self.open_streams += 1
+        try:
+            await _Stream(self, context).run()
+        finally:
+            self.open_streams -= 1
 
 
 class _Stream:
-    def __init__(
-        self,
-        store: LeaseStore,
-        settings: Settings,
-        shutdown: asyncio.Event,
-        context: grpc.aio.ServicerContext,
-    ) -> None:
-        self._store = store
-        self._settings = settings
-        self._shutdown = shutdown
+    def __init__(self, service: ValidateFencesService, context: grpc.aio.ServicerContext) -> None:
+        self._service = service
+        self._store = service._store
+        self._settings = service._settings
+        self._shutdown = service._shutdown
         self._context = context
         self._outbox: list[Any] = []  # answers decided and not yet written
         self._answered = asyncio.Event()  # set when an answer joins the outbox
+        self._flushed = asyncio.Event()  # set when the writer has emptied the outbox
         self._deciding = 0  # checks read and not yet answered
+        self._unwritten = 0  # checks read whose answer is not yet written (at most MAX_DECIDING)
         self._room = asyncio.Event()  # set when the stream may read again (below MAX_DECIDING)
         self._draining = False  # nothing more will be read: the writer ends once all is written
         self._namespaces: set[str] = set()  # the namespaces the stream named, for the guard
@@ -169,6 +180,7 @@ class _Stream:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                self._service.unwritten -= self._unwritten
 
     def _stop_reading(self) -> None:
         self._draining = True
@@ -189,10 +201,16 @@ class _Stream:
             checks = message.checks
             if not checks:
                 continue
-            while self._deciding and self._deciding + len(checks) > MAX_DECIDING:
+            while self._unwritten and self._unwritten + len(checks) > MAX_DECIDING:
                 self._room.clear()
-                await self._room.wait()
+                self._service.held_back += 1
+                try:
+                    await self._room.wait()
+                finally:
+                    self._service.held_back -= 1
             self._deciding += len(checks)
+            self._unwritten += len(checks)
+            self._service.unwritten += len(checks)
             task = loop.create_task(self._decide_all(checks))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -205,8 +223,13 @@ class _Stream:
                     f"{len(checks)} checks in one message; at most {MAX_CHECKS_PER_MESSAGE}",
                 )
             )
-            for check in checks:
-                self._answer(Answer(id=check.id, error=error))
+            # A refusal per check, about 260 bytes each, for checks of about 16: made
+            # a message's worth at a time, once the previous ones are written.
+            for start in range(0, len(checks), MAX_CHECKS_PER_MESSAGE):
+                self._flushed.clear()
+                for check in checks[start : start + MAX_CHECKS_PER_MESSAGE]:
+                    self._answer(Answer(id=check.id, error=error))
+                await self._flushed.wait()
         elif len(checks) == 1:
             await self._decide(checks[0])
         else:
@@ -232,15 +255,25 @@ class _Stream:
         self._outbox.append(answer)
         self._deciding -= 1
         self._answered.set()
-        if self._deciding < MAX_DECIDING:
-            self._room.set()
 
     async def _write(self) -> None:
-        """Writes the answers as they are decided; returns once draining and all is written."""
+        """Writes the answers as they are decided; returns once draining and all is written.
+
+        At most ``MAX_CHECKS_PER_MESSAGE`` answers a message, so that none
+        outgrows a client's message size limit (4 MiB by default); the room
+        for more checks is made once their answers are written.
+        """
         while True:
             if self._outbox:
-                answers, self._outbox = self._outbox, []
+                answers = self._outbox[:MAX_CHECKS_PER_MESSAGE]
+                del self._outbox[:MAX_CHECKS_PER_MESSAGE]
                 await self._context.write(pb.ValidateFencesResponse(answers=answers))
+                self._unwritten -= len(answers)
+                self._service.unwritten -= len(answers)
+                if self._unwritten < MAX_DECIDING:
+                    self._room.set()
+                if not self._outbox:
+                    self._flushed.set()
                 continue
             if self._draining and not self._deciding:
                 return
