@@ -103,10 +103,10 @@ protos-check: node_modules/.installed ## buf lint, and buf breaking against the 
 protos-baseline: node_modules/.installed ## publish protos/ as the new breaking-change baseline
 	$(BUF) build -o $(BUF_BASELINE)
 
-bench: $(VENV)/.installed ## the benchmark suite (about 25 minutes): bench/results/results.{md,json,png}
+bench: $(VENV)/.installed ## the benchmark suite (about 30 minutes): bench/results/results.{md,json,png}
 	$(PY) -m bench.run
 
-bench-quick: $(VENV)/.installed ## the benchmark suite in short windows (about 2-3 minutes; CI runs it)
+bench-quick: $(VENV)/.installed ## the benchmark suite in short windows (about 3-4 minutes; CI runs it)
 	$(PY) -m bench.run --quick --out bench/results/quick
 
 demo: $(VENV)/.installed ## the paused-worker, crashed-worker and resumed-run scenarios on real processes

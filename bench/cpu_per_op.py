@@ -50,6 +50,7 @@ import collections
 import contextlib
 import datetime
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -295,7 +296,15 @@ async def profile_claim(
     ]
 
 
+def _cell(value: float | None, fmt: str = "{:.3f}") -> str:
+    """``value`` formatted, or "-" when it is missing (None, or NaN: no ops to divide by)."""
+    if value is None or math.isnan(value):
+        return "-"
+    return fmt.format(value)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
+    """The rows of :func:`collect` as a Markdown table (ratio: leasekeeper total / etcd)."""
     lines = [
         "| op | leasekeeper call | leasekeeper server ms | PostgreSQL ms | leasekeeper total ms"
         " | etcd call | etcd ms | ratio | PostgreSQL: its backends ms | ratio, backends only |",
@@ -303,14 +312,29 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['op']} | {r['leasekeeper']} | {r['server_ms']:.3f} | {r['postgres_ms']:.3f}"
-            f" | {r['total_ms']:.3f} | {r['etcd']} | {r['etcd_ms']:.3f} | {r['ratio']:.2f}"
-            f" | {r['backends_ms']:.3f} | {r['backends_ratio']:.2f} |"
+            f"| {r['op']} | {r['leasekeeper']} | {_cell(r['server_ms'])}"
+            f" | {_cell(r['postgres_ms'])} | {_cell(r['total_ms'])} | {r['etcd']}"
+            f" | {_cell(r['etcd_ms'])} | {_cell(r['ratio'], '{:.2f}')}"
+            f" | {_cell(r['backends_ms'])} | {_cell(r['backends_ratio'], '{:.2f}')} |"
         )
     return "\n".join(lines)
 
 
-async def main_async(args: argparse.Namespace) -> int:
+def _finite(value: Any) -> Any:
+    """NaN (a window without ops) as None, so the figures are JSON that every reader takes."""
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+async def collect(args: argparse.Namespace) -> dict[str, Any]:
+    """The whole measurement; its figures as a dict (what ``cpu_per_op.json`` holds).
+
+    ``args``: ``database_url`` (None: a new database, ``bench.servers.bench_database``),
+    ``out`` (the folder of the server's log and the profile), ``duration``, ``warmup``
+    (seconds), ``concurrency``, ``no_profile``. The dict's ``rows`` are the table's
+    (:func:`table`; a figure that had no ops to divide by is None), ``note`` the run's
+    conditions in a sentence, ``claim_profile`` the profile summary's lines (empty
+    without one) and ``failed_windows`` the labels of windows with errors or no ops.
+    """
     out = Path(args.out)
     started = datetime.datetime.now(datetime.UTC)
     load_before = os.getloadavg()
@@ -381,23 +405,21 @@ async def main_async(args: argparse.Namespace) -> int:
         postgres_ms = w.ms(w.postgres_cpu_s - w.postgres_idle_s)
         etcd_ms = e.ms(e.server_cpu_s)
         backends_ms = w.ms(w.backends_cpu_s) if w.backends_cpu_s is not None else float("nan")
-        rows.append(
-            {
-                "op": op,
-                "leasekeeper": label,
-                "server_ms": server_ms,
-                "postgres_ms": postgres_ms,
-                "total_ms": server_ms + postgres_ms,
-                "etcd": ETCD_LABELS[etcd_op],
-                "etcd_ms": etcd_ms,
-                "ratio": (server_ms + postgres_ms) / etcd_ms if etcd_ms else float("nan"),
-                "backends_ms": backends_ms,
-                "backends_ratio": (server_ms + backends_ms) / etcd_ms if etcd_ms else float("nan"),
-                "leasekeeper_rate": w.rate,
-                "etcd_rate": e.rate,
-            }
-        )
-    text = table(rows)
+        row = {
+            "op": op,
+            "leasekeeper": label,
+            "server_ms": server_ms,
+            "postgres_ms": postgres_ms,
+            "total_ms": server_ms + postgres_ms,
+            "etcd": ETCD_LABELS[etcd_op],
+            "etcd_ms": etcd_ms,
+            "ratio": (server_ms + postgres_ms) / etcd_ms if etcd_ms else float("nan"),
+            "backends_ms": backends_ms,
+            "backends_ratio": (server_ms + backends_ms) / etcd_ms if etcd_ms else float("nan"),
+            "leasekeeper_rate": w.rate,
+            "etcd_rate": e.rate,
+        }
+        rows.append({k: _finite(v) for k, v in row.items()})
     note = (
         f"{started:%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, {args.concurrency} concurrent,"
         f" {args.duration} s windows; load average (1/5/15 min) before"
@@ -407,44 +429,48 @@ async def main_async(args: argparse.Namespace) -> int:
         " its backends: the server's connections (pg_stat_activity), without the rest of the"
         " machine's PostgreSQL work (WAL writer, checkpointer, other databases)."
     )
-    print()
-    print(text)
-    print()
-    print(note)
-    if profile:
-        print("\nleasekeeper server, claim window (py-spy --native, share of busy samples):")
-        print("\n".join(profile))
-    md = f"{text}\n\n{note}\n"
-    if profile:
-        md += (
-            "\nClaim profile (py-spy --native, share of busy samples):\n\n"
-            + "\n".join(f"    {line}" for line in profile)
-            + "\n"
+    return {
+        "started": started.isoformat(),
+        "concurrency": args.concurrency,
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "cpus": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": load_after,
+        "idle": idle,
+        "rows": rows,
+        "note": note,
+        "windows": {
+            "leasekeeper": {k: asdict(v) for k, v in lk.items()},
+            "etcd": {k: asdict(v) for k, v in et.items()},
+        },
+        "claim_profile": profile,
+        "failed_windows": [w.label for w in [*lk.values(), *et.values()] if w.errors or not w.ops],
+    }
+
+
+PROFILE_HEADING = "Claim profile (py-spy --native, share of busy samples):"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """:func:`collect`'s figures as Markdown: the table, the note, the profile's lines."""
+    md = f"{table(results['rows'])}\n\n{results['note']}\n"
+    if results["claim_profile"]:
+        md += f"\n{PROFILE_HEADING}\n\n" + "".join(
+            f"    {line}\n" for line in results["claim_profile"]
         )
+    return md
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    results = await collect(args)
+    md = markdown(results)
+    print()
+    print(md)
     (out / "cpu_per_op.md").write_text(md)
-    (out / "cpu_per_op.json").write_text(
-        json.dumps(
-            {
-                "started": started.isoformat(),
-                "concurrency": args.concurrency,
-                "duration_s": args.duration,
-                "warmup_s": args.warmup,
-                "cpus": os.cpu_count(),
-                "load_before": load_before,
-                "load_after": load_after,
-                "idle": idle,
-                "rows": rows,
-                "windows": {
-                    "leasekeeper": {k: asdict(v) for k, v in lk.items()},
-                    "etcd": {k: asdict(v) for k, v in et.items()},
-                },
-                "claim_profile": profile,
-            },
-            indent=2,
-        )
-    )
-    errors = any(w.errors or not w.ops for w in [*lk.values(), *et.values()])
-    return 1 if errors else 0
+    (out / "cpu_per_op.json").write_text(json.dumps(results, indent=2))
+    return 1 if results["failed_windows"] else 0
 
 
 def main(argv: list[str] | None = None) -> int:

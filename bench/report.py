@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from bench import cpu_per_op
 from bench.scenarios import LEASES_PER_SESSION, TITLES
 
 Point = dict[str, Any]
@@ -106,6 +107,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", *targets_table(results)]
     lines += ["", *scale_table(points)]
     lines += console_table(results.get("console"))
+    lines += sessions_scale_section(results.get("sessions_scale"))
+    lines += cpu_per_op_section(results.get("cpu_per_op"))
     return "\n".join(lines) + "\n"
 
 
@@ -269,6 +272,8 @@ def targets_table(results: dict[str, Any]) -> list[str]:
     rows.append(
         ("Claims at 64 concurrent ≥ 5 x etcd", _num(r, "{:.2f}"), None if r is None else r >= 5)
     )
+    rows += effect_targets(points)
+    rows += validate_stream_targets(points)
     for scenario in ("claim", "renew", "validate"):
         ours = _find(points, "leasekeeper", scenario, 64)
         p99 = ours["p99_ms"] if ours else None
@@ -318,10 +323,206 @@ def targets_table(results: dict[str, Any]) -> list[str]:
     console = results.get("console")
     if console:
         rows.append(console_target(console))
+    rows += sessions_scale_targets(results.get("sessions_scale"))
+    rows += cpu_per_op_targets(results.get("cpu_per_op"))
     lines = ["| target | measured | met |", "|---|---:|:---:|"]
     for name, value, met in rows:
         lines.append(f"| {name} | {value} | {'-' if met is None else ('yes' if met else 'no')} |")
     return lines
+
+
+Target = tuple[str, str, bool | None]
+
+# Issue 20's targets of the effect ledger and of the streamed ValidateFence.
+EFFECT_STATEMENTS = 3  # DB statements per BeginEffect+CompleteEffect pair, at most
+EFFECT_CPU_RATIO = 1.5  # a pair's server CPU over a claim's, at most
+VALIDATE_STREAM_RATIO = 2.0  # the stream's checks per second over unary ValidateFence's, at least
+SESSIONS_RSS_BYTES = 2**30  # the sessions run's server RSS, under
+SESSIONS_P99_MS = 50.0  # a renewal's p99 in the sessions run, under
+CPU_PER_OP_GOAL = 1.0  # a claim's CPU (server + PostgreSQL) over etcd's, at most
+
+
+def _cpu_ratio(a: Point | None, b: Point | None) -> float | None:
+    """``a``'s server CPU per call over ``b``'s; None when either is missing."""
+    if a is None or b is None or not a.get("cpu_ms_per_call") or not b.get("cpu_ms_per_call"):
+        return None
+    return float(a["cpu_ms_per_call"] / b["cpu_ms_per_call"])
+
+
+def effect_targets(points: list[Point]) -> list[Target]:
+    """BeginEffect+CompleteEffect: statements per pair alone and at 64, CPU beside a claim's.
+
+    A call of the ``effect`` scenario is one pair, so its statements and CPU per
+    call are the pair's; the claim is the ``claim`` scenario's point of the same run.
+    """
+    rows: list[Target] = []
+    for c, how in ((1, "alone (1 concurrent)"), (64, "at 64 concurrent")):
+        pair = _find(points, "leasekeeper", "effect", c)
+        st = pair["statements_per_call"] if pair else None
+        rows.append(
+            (
+                f"{TITLES['effect']}: DB statements per pair {how} ≤ {EFFECT_STATEMENTS}",
+                _num(st, "{:.2f}"),
+                None if st is None else st <= EFFECT_STATEMENTS,
+            )
+        )
+    pair = _find(points, "leasekeeper", "effect", 64)
+    claim = _find(points, "leasekeeper", "claim", 64)
+    r = _cpu_ratio(pair, claim)
+    rows.append(
+        (
+            f"{TITLES['effect']}: server CPU per pair at 64 concurrent ≤ {EFFECT_CPU_RATIO} x "
+            "a claim's (same run)",
+            "-"
+            if r is None or pair is None or claim is None
+            else f"{r:.2f} ({pair['cpu_ms_per_call']:.3f} / {claim['cpu_ms_per_call']:.3f} ms)",
+            None if r is None else r <= EFFECT_CPU_RATIO,
+        )
+    )
+    return rows
+
+
+def validate_stream_targets(points: list[Point]) -> list[Target]:
+    """The streamed ValidateFence's checks per second over the unary one's at 64 (≥ 2), and
+    its server CPU per check over the unary one's (reported beside it, no target)."""
+    stream = _find(points, "leasekeeper", "validate_stream", 64)
+    unary = _find(points, "leasekeeper", "validate", 64)
+    r = stream["rate"] / unary["rate"] if stream and unary and unary["rate"] else None
+    cpu = _cpu_ratio(stream, unary)
+    return [
+        (
+            f"{TITLES['validate_stream']} at 64 concurrent ≥ {VALIDATE_STREAM_RATIO:.0f} x "
+            f"unary {TITLES['validate']} (same run)",
+            _num(r, "{:.2f}"),
+            None if r is None else r >= VALIDATE_STREAM_RATIO,
+        ),
+        (
+            f"{TITLES['validate_stream']}: server CPU per check at 64 concurrent over unary "
+            f"{TITLES['validate']}'s (no target)",
+            _num(cpu, "{:.2f}"),
+            None,
+        ),
+    ]
+
+
+def _sessions_name(sessions: dict[str, Any]) -> str:
+    return f"{sessions['leases']:,} leases through {sessions['sessions']:,} sessions, one server"
+
+
+def sessions_scale_targets(sessions: dict[str, Any] | None) -> list[Target]:
+    """The sessions run's targets (``bench/sessions_scale.py``): RSS under 1 GiB, every renewal
+    acknowledged, a renewal's p99 under 50 ms; one failed row when it did not finish."""
+    if not sessions:
+        return []
+    name = _sessions_name(sessions)
+    if "error" in sessions:
+        return [(name, f"failed: {sessions['error']}", False)]
+    rss = sessions["server_rss_bytes_max"]
+    sent, acked, errors = sessions["renewals_sent"], sessions["renewals_acked"], sessions["errors"]
+    p99 = sessions["p99_ms"]
+    return [
+        (
+            f"{name}: RSS < 1 GiB",
+            f"{rss / 2**20:,.0f} MiB (highest with the sessions open)",
+            rss < SESSIONS_RSS_BYTES,
+        ),
+        (
+            f"{name}: every renewal acknowledged",
+            f"{acked:,}/{sent:,} acked" + (f", {len(errors)} errors" if errors else ""),
+            acked == sent and not errors,
+        ),
+        (
+            f"{name}: renewal p99 < {SESSIONS_P99_MS:.0f} ms",
+            f"p99 {p99:.1f} ms (p50 {sessions['p50_ms']:.1f}, max {sessions['max_ms']:.1f})",
+            p99 < SESSIONS_P99_MS,
+        ),
+    ]
+
+
+def sessions_scale_section(sessions: dict[str, Any] | None) -> list[str]:
+    """The sessions run's figures (``bench/sessions_scale.py``), as a table of its own."""
+    if not sessions:
+        return []
+    lines = ["", f"{_sessions_name(sessions)} (`bench/sessions_scale.py`):", ""]
+    if "error" in sessions:
+        return [*lines, f"failed: {sessions['error']}"]
+    mib = 2**20
+    figures = [
+        ("leases per session", f"{sessions['leases_per_session']:,}"),
+        (
+            "a beat every, for, lease ttl",
+            f"{sessions['interval_s']:g} s, {sessions['duration_s']:g} s, {sessions['ttl_s']:g} s",
+        ),
+        ("leases claimed in", f"{sessions['claim_s']:g} s"),
+        (
+            "renewals acknowledged / sent",
+            f"{sessions['renewals_acked']:,} / {sessions['renewals_sent']:,}",
+        ),
+        ("renewals per second", f"{sessions['renewals_per_s']:,}"),
+        (
+            "renewal latency p50 / p99 / max",
+            f"{sessions['p50_ms']:.1f} / {sessions['p99_ms']:.1f} / {sessions['max_ms']:.1f} ms",
+        ),
+        (
+            "server RSS before the sessions / once open / highest with them open",
+            f"{sessions['server_rss_bytes_before_sessions'] / mib:,.0f} / "
+            f"{sessions['server_rss_bytes_sessions_open'] / mib:,.0f} / "
+            f"{sessions['server_rss_bytes_max'] / mib:,.0f} MiB",
+        ),
+        ("server CPU per renewal", f"{sessions['server_cpu_ms_per_renewal']:.4f} ms"),
+        ("server CPU share (CPU-s per s)", f"{sessions['server_cpu_share']:.2f}"),
+        (
+            "load average before / after (1/5/15 min)",
+            f"{'/'.join(f'{x:.2f}' for x in sessions['load_before'])} / "
+            f"{'/'.join(f'{x:.2f}' for x in sessions['load_after'])}",
+        ),
+    ]
+    lines += ["| figure | value |", "|---|---:|"]
+    lines += [f"| {name} | {value} |" for name, value in figures]
+    if sessions["errors"]:
+        lines += ["", "First errors: " + "; ".join(sessions["errors"])]
+    return lines
+
+
+def cpu_per_op_targets(cpu: dict[str, Any] | None) -> list[Target]:
+    """CPU per operation beside etcd's (``bench/cpu_per_op.py``): a row per op, leasekeeper's
+    server + PostgreSQL over etcd's server; the claim's goal is a ratio of 1 at most, the
+    others are reported without a target."""
+    if not cpu:
+        return []
+    if "error" in cpu:
+        return [("CPU per op beside etcd", f"failed: {cpu['error']}", False)]
+    rows: list[Target] = []
+    for r in cpu["rows"]:
+        goal = r["op"] == "claim"
+        ratio = r["ratio"]
+        rows.append(
+            (
+                f"CPU per op beside etcd ({r['op']}): {r['leasekeeper']}, server + PostgreSQL, "
+                f"over etcd's {r['etcd']}"
+                + (f" ≤ {CPU_PER_OP_GOAL:.1f} (goal)" if goal else " (no target)"),
+                "-"
+                if ratio is None
+                else f"{ratio:.2f} ({r['total_ms']:.3f} / {r['etcd_ms']:.3f} ms)",
+                ratio <= CPU_PER_OP_GOAL if goal and ratio is not None else None,
+            )
+        )
+    return rows
+
+
+def cpu_per_op_section(cpu: dict[str, Any] | None) -> list[str]:
+    """CPU per operation beside etcd's: ``bench/cpu_per_op.py``'s table, note and profile."""
+    if not cpu:
+        return []
+    lines = [
+        "",
+        "CPU per operation, leasekeeper (server + PostgreSQL) beside etcd's server, ms of CPU "
+        f"per operation at {cpu.get('concurrency', '-')} concurrent (`bench/cpu_per_op.py`):",
+        "",
+    ]
+    if "error" in cpu:
+        return [*lines, f"failed: {cpu['error']}"]
+    return lines + cpu_per_op.markdown(cpu).rstrip("\n").split("\n")
 
 
 def scale_table(points: list[Point]) -> list[str]:

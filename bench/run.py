@@ -28,7 +28,12 @@ ValidateFence, SaveCheckpoint and ListTaskHistory at 64 concurrent over
 tables of 10^3, 10^5 and 10^7 task rows, each with its history, in a
 database and server of its own, in windows that rotate over the sizes; then
 the console's pages (``bench/console.py``) over namespaces of 10^5 and 10^6
-tasks. ``--quick``
+tasks. After the suite's server has stopped, two measurements of their own,
+each on a database and server of its own: CPU per operation beside etcd's
+(``bench/cpu_per_op.py``: Claim, Renew, ValidateFence against etcd's
+counterparts, with a py-spy profile of a claim window), and 100,000 leases
+held through 1,000 Session streams (``bench/sessions_scale.py``: the server's
+RSS, every renewal acknowledged, a renewal's p99). ``--quick``
 runs short windows and small tables (CI runs it to prove the suite works;
 nothing asserts a speed).
 """
@@ -60,7 +65,7 @@ if str(REPO_ROOT) not in sys.path:
 import asyncpg  # noqa: E402
 
 from bench import console as console_pages  # noqa: E402
-from bench import report, runs, scale, scenarios  # noqa: E402
+from bench import report, runs, scale, scenarios, sessions_scale  # noqa: E402
 from bench.fleet import run_fleet  # noqa: E402
 from bench.loadgen import Op, Sample, closed_loop  # noqa: E402
 from bench.paired import Side, Tally, rotate  # noqa: E402
@@ -116,11 +121,31 @@ class Plan:
     fleet_streams: int
     fleet_interval_s: float
     fleet_duration_s: float
+    # The sessions run (bench/sessions_scale.py): leases, sessions, a beat every, for, ttl.
+    sessions: tuple[int, int, float, float, float] = (100_000, 1_000, 30.0, 90.0, 90.0)
+    # CPU per op beside etcd (bench/cpu_per_op.py): each window, its warm-up, the profile.
+    cpu_duration_s: float = 5.0
+    cpu_warmup_s: float = 0.5
+    cpu_profile: bool = True
 
     @classmethod
     def of(cls, quick: bool) -> Plan:
         if quick:
-            return cls((1, 16, 64, 256), 0.6, 0.2, (1_000, 10_000), 0.6, 2, 1_000, 1.0, 3.0)
+            return cls(
+                (1, 16, 64, 256),
+                0.6,
+                0.2,
+                (1_000, 10_000),
+                0.6,
+                2,
+                1_000,
+                1.0,
+                3.0,
+                sessions=(2_000, 20, 1.0, 3.0, 30.0),
+                cpu_duration_s=0.6,
+                cpu_warmup_s=0.2,
+                cpu_profile=False,
+            )
         return cls(
             (1, 16, 64, 256), 4.0, 1.0, (1_000, 100_000, 10_000_000), 3.0, 3, 20_000, 30.0, 60.0
         )
@@ -284,6 +309,11 @@ async def run_suite(args: argparse.Namespace) -> dict[str, Any]:
                 )
             )
             rss = rss_bytes(server.pid)
+        # Each on a database and a server of its own, the suite's server stopped.
+        cpu_per_op = None if args.no_cpu_per_op else await cpu_per_op_run(database_url, plan, out)
+        sessions = (
+            None if args.no_sessions_scale else await sessions_scale_run(database_url, plan, out)
+        )
     return {
         "quick": args.quick,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -293,6 +323,8 @@ async def run_suite(args: argparse.Namespace) -> dict[str, Any]:
         "fleet": fleet,
         "scale_spread": scale_spread(scaled),
         "console": console,
+        "cpu_per_op": cpu_per_op,
+        "sessions_scale": sessions,
         "comparisons": [c.as_dict() for c in comparisons],
         "points": [asdict(p) for p in points],
     }
@@ -469,6 +501,70 @@ def scale_spread(points: list[Point]) -> dict[str, float]:
     return spread
 
 
+async def cpu_per_op_run(database_url: str, plan: Plan, out: Path) -> dict[str, Any]:
+    """CPU per operation beside etcd's (``bench.cpu_per_op.collect``) on a database of its own.
+
+    Its figures, or ``{"error": ...}`` when it could not finish (etcd missing, a
+    server that did not start): reported, and the rest of the suite still runs.
+    """
+    from bench import cpu_per_op
+
+    print(
+        f"cpu per op: {plan.cpu_duration_s} s windows at 64 concurrent, beside etcd"
+        + ("" if plan.cpu_profile else ", no profile"),
+        flush=True,
+    )
+    began = time.monotonic()
+    try:
+        async with sibling_database(database_url, "cpu") as url:
+            options = argparse.Namespace(
+                database_url=url,
+                out=str(out),
+                duration=plan.cpu_duration_s,
+                warmup=plan.cpu_warmup_s,
+                concurrency=64,
+                no_profile=not plan.cpu_profile,
+            )
+            figures = await cpu_per_op.collect(options)
+    except Exception as exc:  # reported, and the rest of the suite still runs
+        figures = {"concurrency": 64, "error": repr(exc)}
+        print(f"  cpu per op failed: {exc!r}", flush=True)
+    print(f"  cpu per op: {time.monotonic() - began:.0f} s in all", flush=True)
+    return figures
+
+
+async def sessions_scale_run(database_url: str, plan: Plan, out: Path) -> dict[str, Any]:
+    """Leases held through sessions (``bench.sessions_scale.run``) on a database of its own.
+
+    Its figures, or ``{"leases", "sessions", "error"}`` when it could not finish
+    (a claim refused, a session that would not open).
+    """
+    leases, count, interval_s, duration_s, ttl_s = plan.sessions
+    print(
+        f"sessions: {leases:,} leases through {count:,} sessions, a beat every {interval_s:g} s "
+        f"for {duration_s:g} s",
+        flush=True,
+    )
+    began = time.monotonic()
+    try:
+        async with sibling_database(database_url, "sessions") as url:
+            options = argparse.Namespace(
+                leases=leases,
+                sessions=count,
+                interval=interval_s,
+                duration=duration_s,
+                ttl=ttl_s,
+                database_url=url,
+                out=str(out),
+            )
+            figures = await sessions_scale.run(options)
+    except Exception as exc:  # reported, and the rest of the suite still runs
+        figures = {"leases": leases, "sessions": count, "error": repr(exc)}
+    print(f"  {figures}", flush=True)
+    print(f"  sessions: {time.monotonic() - began:.0f} s in all", flush=True)
+    return figures
+
+
 async def claim_references(database_url: str, plan: Plan, args: argparse.Namespace) -> list[Point]:
     """Claims through raw asyncpg (same SQL) and through etcd, at each concurrency."""
     from bench import etcd, reference
@@ -494,7 +590,8 @@ def machine() -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options, with what ``--only`` and ``--no-etcd`` leave out applied."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short windows, small tables")
     parser.add_argument("--out", default=str(REPO_ROOT / "bench" / "results"))
@@ -526,6 +623,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-console", action="store_true", help="leave out the console's pages")
     parser.add_argument(
+        "--no-cpu-per-op",
+        action="store_true",
+        help="leave out CPU per operation beside etcd (bench/cpu_per_op.py; --no-etcd does too)",
+    )
+    parser.add_argument(
+        "--no-sessions-scale",
+        action="store_true",
+        help="leave out the leases held through sessions (bench/sessions_scale.py)",
+    )
+    parser.add_argument(
         "--console-tasks",
         type=int,
         nargs="+",
@@ -533,9 +640,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("comparisons", "scale", "console"),
-        help="run one part alone: the side-by-side comparisons, the table sizes, or the "
-        "console's pages",
+        choices=("comparisons", "scale", "console", "cpu-per-op", "sessions-scale"),
+        help="run one part alone: the side-by-side comparisons, the table sizes, the "
+        "console's pages, CPU per operation beside etcd, or the leases held through sessions",
     )
     parser.add_argument(
         "--scale-rows",
@@ -549,8 +656,16 @@ def main(argv: list[str] | None = None) -> int:
         args.no_comparisons |= args.only != "comparisons"
         args.no_scale |= args.only != "scale"
         args.no_console |= args.only != "console"
+        args.no_cpu_per_op |= args.only != "cpu-per-op"
+        args.no_sessions_scale |= args.only != "sessions-scale"
+    args.no_cpu_per_op |= args.no_etcd
     if args.baseline_src:
         args.baseline_src = os.path.abspath(args.baseline_src)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
         import uvloop
 
@@ -575,6 +690,9 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             broken += 1
+    parts_failed = part_failures(results)
+    for line in parts_failed:
+        print(line, file=sys.stderr)
     fleet = results.get("fleet")
     if fleet and fleet["acked"] != fleet["sent"]:
         print(f"fleet: {fleet['sent'] - fleet['acked']} beats not acknowledged", file=sys.stderr)
@@ -593,7 +711,28 @@ def main(argv: list[str] | None = None) -> int:
             f"errors {p['errors']}",
             file=sys.stderr,
         )
-    return 1 if failed or broken or refused else 0
+    return 1 if failed or broken or refused or parts_failed else 0
+
+
+def part_failures(results: dict[str, Any]) -> list[str]:
+    """What went wrong in the sessions run and the CPU per op run, a line each (none: [])."""
+    lines = []
+    sessions = results.get("sessions_scale")
+    if sessions and "error" in sessions:
+        lines.append(f"sessions scale: failed: {sessions['error']}")
+    elif sessions and (
+        sessions["renewals_acked"] != sessions["renewals_sent"] or sessions["errors"]
+    ):
+        lines.append(
+            f"sessions scale: {sessions['renewals_sent'] - sessions['renewals_acked']:,} "
+            f"renewals not acknowledged, errors {sessions['errors']}"
+        )
+    cpu = results.get("cpu_per_op")
+    if cpu and "error" in cpu:
+        lines.append(f"cpu per op: failed: {cpu['error']}")
+    elif cpu and cpu["failed_windows"]:
+        lines.append(f"cpu per op: windows with errors or no ops: {cpu['failed_windows']}")
+    return lines
 
 
 if __name__ == "__main__":
