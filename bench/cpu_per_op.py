@@ -35,6 +35,12 @@ renew     Renew (unary); Heartbeat beat; Session renewal  LeaseKeepAlive stream 
 validate  ValidateFence (unary); ValidateFences stream    Range of the key (linearizable)
 ========  ==============================================  ===========================
 
+Each leasekeeper call also runs one window against the bare grpc.aio server of
+the same service whose handlers do no work (``bench/noop_server.py``): its
+CPU per call is the floor of what that call can cost in Python's gRPC stack,
+and ``floor ratio`` (that floor over etcd's CPU per op) the ratio leasekeeper
+would reach if all its own work (validation, SQL, PostgreSQL, audit) were free.
+
 It prints a markdown table (ratio: leasekeeper total / etcd) and writes it to
 ``bench/results/cpu_per_op.md`` and ``.json``. Unless ``--no-profile``, one
 more claim window runs under ``py-spy record`` on the leasekeeper server
@@ -76,6 +82,7 @@ from bench.etcd import etcd_claim, etcd_server  # noqa: E402
 from bench.loadgen import Op, closed_loop  # noqa: E402
 from bench.paired import BackendClock, backend_clock  # noqa: E402
 from bench.procstat import command_cpu_seconds, cpu_seconds  # noqa: E402
+from bench.reference import noop_server  # noqa: E402
 from bench.reference_process import Target  # noqa: E402
 from bench.servers import bench_database, leasekeeper_server  # noqa: E402
 
@@ -307,15 +314,17 @@ def table(rows: list[dict[str, Any]]) -> str:
     """The rows of :func:`collect` as a Markdown table (ratio: leasekeeper total / etcd)."""
     lines = [
         "| op | leasekeeper call | leasekeeper server ms | PostgreSQL ms | leasekeeper total ms"
-        " | etcd call | etcd ms | ratio | PostgreSQL: its backends ms | ratio, backends only |",
-        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|",
+        " | etcd call | etcd ms | ratio | PostgreSQL: its backends ms | ratio, backends only"
+        " | no-op server ms | floor ratio |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['op']} | {r['leasekeeper']} | {_cell(r['server_ms'])}"
             f" | {_cell(r['postgres_ms'])} | {_cell(r['total_ms'])} | {r['etcd']}"
             f" | {_cell(r['etcd_ms'])} | {_cell(r['ratio'], '{:.2f}')}"
-            f" | {_cell(r['backends_ms'])} | {_cell(r['backends_ratio'], '{:.2f}')} |"
+            f" | {_cell(r['backends_ms'])} | {_cell(r['backends_ratio'], '{:.2f}')}"
+            f" | {_cell(r.get('floor_ms'))} | {_cell(r.get('floor_ratio'), '{:.2f}')} |"
         )
     return "\n".join(lines)
 
@@ -350,6 +359,7 @@ async def collect(args: argparse.Namespace) -> dict[str, Any]:
             )
         )
         etcd = await stack.enter_async_context(etcd_server())
+        noop = await stack.enter_async_context(noop_server())
         clock = await stack.enter_async_context(backend_clock(url))
         idle_wall = args.duration + args.warmup
         pg0, lk0, et0, t0 = (
@@ -373,6 +383,7 @@ async def collect(args: argparse.Namespace) -> dict[str, Any]:
         print(f"{args.duration} s windows, {args.concurrency} concurrent", flush=True)
         pg_rate = idle["postgres_cpu_per_s"]
         lk: dict[str, Window] = {}
+        floor: dict[str, Window] = {}  # the same call on the bare grpc.aio server
         et: dict[str, Window] = {}
         etcd_ops: dict[str, Callable[[], AbstractAsyncContextManager[Op]]] = {
             "claim": lambda: etcd_claim(etcd, ttl_s=ETCD_TTL_S),
@@ -386,9 +397,17 @@ async def collect(args: argparse.Namespace) -> dict[str, Any]:
                     scenario, server.address, NAMESPACE, args.concurrency, uuid.uuid4().hex[:8]
                 )
 
+            def make_noop(scenario: str = scenario) -> AbstractAsyncContextManager[Op]:
+                return scenarios.scenario_op(
+                    scenario, noop.address, NAMESPACE, args.concurrency, uuid.uuid4().hex[:8]
+                )
+
             per_call = scenarios.RENEWALS_PER_CALL.get(scenario, 1)
             lk[scenario] = await measure(
                 f"leasekeeper {label}", make, server.pid, pg_rate, args, per_call, clock
+            )
+            floor[scenario] = await measure(
+                f"no-op server {label}", make_noop, noop.pid, pg_rate, args, per_call
             )
             if etcd_op not in et:
                 et[etcd_op] = await measure(
@@ -400,8 +419,9 @@ async def collect(args: argparse.Namespace) -> dict[str, Any]:
     load_after = os.getloadavg()
     rows = []
     for op, scenario, label, etcd_op in ROWS:
-        w, e = lk[scenario], et[etcd_op]
+        w, e, f = lk[scenario], et[etcd_op], floor[scenario]
         server_ms = w.ms(w.server_cpu_s)
+        floor_ms = f.ms(f.server_cpu_s)
         postgres_ms = w.ms(w.postgres_cpu_s - w.postgres_idle_s)
         etcd_ms = e.ms(e.server_cpu_s)
         backends_ms = w.ms(w.backends_cpu_s) if w.backends_cpu_s is not None else float("nan")
@@ -416,6 +436,8 @@ async def collect(args: argparse.Namespace) -> dict[str, Any]:
             "ratio": (server_ms + postgres_ms) / etcd_ms if etcd_ms else float("nan"),
             "backends_ms": backends_ms,
             "backends_ratio": (server_ms + backends_ms) / etcd_ms if etcd_ms else float("nan"),
+            "floor_ms": floor_ms,
+            "floor_ratio": floor_ms / etcd_ms if etcd_ms else float("nan"),
             "leasekeeper_rate": w.rate,
             "etcd_rate": e.rate,
         }
@@ -443,9 +465,12 @@ async def collect(args: argparse.Namespace) -> dict[str, Any]:
         "windows": {
             "leasekeeper": {k: asdict(v) for k, v in lk.items()},
             "etcd": {k: asdict(v) for k, v in et.items()},
+            "floor": {k: asdict(v) for k, v in floor.items()},
         },
         "claim_profile": profile,
-        "failed_windows": [w.label for w in [*lk.values(), *et.values()] if w.errors or not w.ops],
+        "failed_windows": [
+            w.label for w in [*lk.values(), *floor.values(), *et.values()] if w.errors or not w.ops
+        ],
     }
 
 

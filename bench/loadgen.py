@@ -55,6 +55,14 @@ class Sample:
         return ordered[index]
 
 
+def error_name(exc: Exception) -> str:
+    """How a failed call is counted: its type, and its status code when it is a gRPC error."""
+    code = getattr(exc, "code", None)
+    status = code() if callable(code) else None
+    name = getattr(status, "name", None)
+    return f"{type(exc).__name__} {name}" if isinstance(name, str) else type(exc).__name__
+
+
 async def closed_loop(op: Op, concurrency: int, duration_s: float, warmup_s: float = 0.5) -> Sample:
     """Runs ``concurrency`` workers calling ``op`` back to back; returns the measured window."""
     loop = asyncio.get_running_loop()
@@ -78,7 +86,7 @@ async def closed_loop(op: Op, concurrency: int, duration_s: float, warmup_s: flo
                 await op(index, call)
             except Exception as exc:  # counted, and the load goes on
                 if measure_from <= loop.time() <= stop_at:
-                    errors[type(exc).__name__] += 1
+                    errors[error_name(exc)] += 1
             else:
                 returned += 1
                 if measure_from <= loop.time() <= stop_at:  # returned in the window
