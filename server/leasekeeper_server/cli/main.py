@@ -84,7 +84,9 @@ if TYPE_CHECKING:
     from leasekeeper_server.core.errors import DatabaseUnavailable
     from leasekeeper_server.settings import Settings
 
-SERVER_EXTRA_HINT = "the service needs its extras: pip install 'leasekeeper[server]'"
+SERVER_EXTRA_HINT = (
+    "the service needs its extras: pip install '/path/to/leasekeeper[server]' (from a checkout)"
+)
 
 log = logging.getLogger("leasekeeper")
 
