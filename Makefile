@@ -50,10 +50,14 @@ serve: $(VENV)/.installed ## start the service (embedded PostgreSQL unless LEASE
 # main suite: they spend most of their time waiting on the service, so together they take about
 # as long as the main suite alone. Their report is printed after the main suite's.
 DOCS_LOG := .pytest-docs.log
+# The main suite runs in pytest-xdist workers (each with a database of its own: tests/conftest.py):
+# most tests wait on real state (ttls running out, stopped processes, restarts), so three workers
+# overlap their waits even on 2 cores. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 3
 
 test: $(VENV)/.installed $(NODE_DEPS) ## run the test suite and every code block of the docs (real PostgreSQL: local on :5432, else embedded)
 	@$(PY) -m pytest -q -p no:cacheprovider docs README.md > $(DOCS_LOG) 2>&1 & docs=$$!; \
-	$(PY) -m pytest tests; main=$$?; \
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist worksteal; main=$$?; \
 	wait $$docs; docs_status=$$?; \
 	echo "== the docs' and README's code blocks (run alongside; exit $$docs_status)"; \
 	cat $(DOCS_LOG); \

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
+import tempfile
 
 # Tests start subprocesses (fork+exec) from a process running grpc; its fork
 # handlers have nothing to do then and only log noise. Read at grpc's import.
@@ -20,6 +22,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -61,6 +64,17 @@ def _local_database() -> Iterator[str]:
         asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+def embedded_data_dir() -> Path:
+    """A new folder for an embedded PostgreSQL's data, outside pytest's temporary folders.
+
+    As root, pgserver runs PostgreSQL as its own user and opens the folders above the data
+    (o+rx); pytest closes its /tmp/pytest-of-<user> to 0700 again whenever another pytest
+    session starts (``make test`` runs two side by side), and PostgreSQL then could not
+    reach its data ("Permission denied").
+    """
+    return Path(tempfile.mkdtemp(prefix="leasekeeper-pgdata-"))
+
+
 @contextlib.contextmanager
 def _embedded_database(tmp: Any) -> Iterator[str]:
     import pgserver
@@ -70,6 +84,21 @@ def _embedded_database(tmp: Any) -> Iterator[str]:
         yield str(server.get_uri())
     finally:
         server.cleanup()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, makes the system user pgserver runs PostgreSQL as, before any worker starts.
+
+    pgserver (the embedded PostgreSQL, and tests/fault's clusters) creates the ``pgserver`` user
+    when it is missing; ``make test``'s pytest-xdist workers would all run ``useradd`` at once,
+    and all but the first would fail. A failure here is left to pgserver to report as before.
+    """
+    if os.geteuid() != 0:
+        return
+    with contextlib.suppress(ImportError, OSError, subprocess.CalledProcessError):
+        from pgserver.utils import ensure_user_exists
+
+        ensure_user_exists("pgserver")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -93,7 +122,7 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             if not force_embedded and asyncio.run(_local_postgres_answers()):
                 url = stack.enter_context(_local_database())
             else:
-                url = stack.enter_context(_embedded_database(tmp_path_factory.mktemp("pgdata")))
+                url = stack.enter_context(_embedded_database(embedded_data_dir()))
         asyncio.run(migrate(url))
         yield url
 

@@ -9,6 +9,7 @@ clean shutdown stops PostgreSQL again.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import psutil
 import pytest
 
 from leasekeeper_server.storage.embedded import HANDLES_FILE, EmbeddedPostgres, forget_dead_handles
+from tests.conftest import embedded_data_dir
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.process]
 
@@ -41,8 +43,8 @@ def test_forget_dead_handles_keeps_live_pids(tmp_path: Path) -> None:
     assert json.loads((tmp_path / HANDLES_FILE).read_text()) == [1]
 
 
-def test_stop_stops_postgres_after_a_killed_run_left_its_pid(tmp_path: Path) -> None:
-    data_dir = tmp_path / "pgdata"
+def test_stop_stops_postgres_after_a_killed_run_left_its_pid() -> None:
+    data_dir = embedded_data_dir() / "pgdata"
     first = EmbeddedPostgres(data_dir)
     first.start()
     first.stop()
@@ -57,3 +59,4 @@ def test_stop_stops_postgres_after_a_killed_run_left_its_pid(tmp_path: Path) -> 
     finally:  # never leave a PostgreSQL behind, whatever failed
         if _postmaster_running(data_dir):
             psutil.Process(int((data_dir / "postmaster.pid").read_text().split()[0])).kill()
+        shutil.rmtree(data_dir.parent, ignore_errors=True)
