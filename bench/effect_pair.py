@@ -16,7 +16,11 @@ sets at 1.5 at most.
 its own files, on a database its own migrations made), its two sides rotated
 with this tree's in the same windows, so both ratios come from one run.
 ``--tree REV`` runs a commit's (or a folder's) server instead of this
-checkout's.
+checkout's. ``--scenarios`` measures other scenarios of the suite the same way
+(default: ``effect claim``); with ``--before``, each scenario's server CPU per
+call on this tree over the earlier commit's is printed too: the suite's
+before-and-after table measures the two servers minutes apart, this in the
+same windows.
 """
 
 from __future__ import annotations
@@ -50,8 +54,14 @@ SETTINGS: dict[str, object] = {"min_renew_interval_s": 0, "pool_max_size": 20}
 TARGET = 1.5
 
 
-def _sides(label: str, server: ServerTarget, database_url: str, concurrency: int) -> list[Side]:
-    """The effect pair and the claim on ``server``, each window with its own leases and tasks."""
+def _sides(
+    label: str,
+    server: ServerTarget,
+    database_url: str,
+    concurrency: int,
+    names: list[str],
+) -> list[Side]:
+    """Each scenario of ``names`` on ``server``, each window with its own leases and tasks."""
 
     def side(scenario: str) -> Side:
         return Side(
@@ -64,7 +74,7 @@ def _sides(label: str, server: ServerTarget, database_url: str, concurrency: int
             server.statements,
         )
 
-    return [side("effect"), side("claim")]
+    return [side(name) for name in names]
 
 
 def _line(tally: Tally) -> str:
@@ -89,14 +99,15 @@ async def main_async(args: argparse.Namespace) -> int:
             leasekeeper_server(url, log_dir, source=tree, **SETTINGS)
         )
         label = args.tree or "this tree"
-        versions = [(label, _sides(label, server, url, args.concurrency))]
+        names = args.scenarios
+        versions = [(label, _sides(label, server, url, args.concurrency, names))]
         for before in args.before:
             source = stack.enter_context(source_tree(before))
             old_url = await stack.enter_async_context(sibling_database(url, "before"))
             old = await stack.enter_async_context(
                 leasekeeper_server(old_url, log_dir, source=source, **SETTINGS)
             )
-            versions.append((before, _sides(before, old, old_url, args.concurrency)))
+            versions.append((before, _sides(before, old, old_url, args.concurrency, names)))
         sides = [side for _, pair in versions for side in pair]
         print(
             f"{args.rounds} windows of {args.duration} s per side, {args.concurrency} concurrent",
@@ -110,15 +121,22 @@ async def main_async(args: argparse.Namespace) -> int:
             warmup_s=args.warmup,
         )
     failed = False
-    for i, (label, _) in enumerate(versions):
-        pair, claim = tallies[2 * i], tallies[2 * i + 1]
+    by_version = [tallies[i * len(names) : (i + 1) * len(names)] for i in range(len(versions))]
+    for (label, _), mine in zip(versions, by_version, strict=True):
         print(f"{label}:")
-        print(_line(pair))
-        print(_line(claim))
-        if pair.cpu_ms_per_call and claim.cpu_ms_per_call:
-            ratio = pair.cpu_ms_per_call / claim.cpu_ms_per_call
-            print(f"  pair / claim server CPU per call: {ratio:.2f} (target <= {TARGET})")
-        failed |= bool(pair.errors or claim.errors or not (pair.calls and claim.calls))
+        for tally in mine:
+            print(_line(tally))
+            failed |= bool(tally.errors or not tally.calls)
+        cost = {name: t.cpu_ms_per_call for name, t in zip(names, mine, strict=True)}
+        pair, claim = cost.get("effect"), cost.get("claim")
+        if pair and claim:
+            print(f"  pair / claim server CPU per call: {pair / claim:.2f} (target <= {TARGET})")
+    for (label, _), theirs in zip(versions[1:], by_version[1:], strict=True):
+        print(f"{versions[0][0]} over {label}, server CPU per call:")
+        for name, ours, old in zip(names, by_version[0], theirs, strict=True):
+            if ours.cpu_ms_per_call and old.cpu_ms_per_call:
+                ratio = ours.cpu_ms_per_call / old.cpu_ms_per_call
+                print(f"  {scenarios.TITLES[name]:<32} {ratio:.2f}")
     return 1 if failed else 0
 
 
@@ -134,6 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--tree", help="a commit (or a checkout's folder) to run instead of this checkout's server"
+    )
+    parser.add_argument(
+        "--scenarios",
+        nargs="+",
+        default=["effect", "claim"],
+        choices=scenarios.SCENARIOS,
+        help="the suite's scenarios to measure (default: effect claim)",
     )
     parser.add_argument("--rounds", type=int, default=4, help="windows per side")
     parser.add_argument("--duration", type=float, default=3.0, help="each window, seconds")
