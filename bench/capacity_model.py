@@ -32,6 +32,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from bench.snippets import section
+
 # The operations measured, in the order of the tables, and what one of them is.
 OPS = ("heartbeat", "session", "task", "validate", "validate_stream", "effect")
 TITLES = {
@@ -366,10 +368,6 @@ def _off(predicted: float, measured: float) -> str:
     return f"{(predicted - measured) / measured * 100:+.0f}%"
 
 
-def _section(name: str, lines: list[str]) -> list[str]:
-    return [f"<!-- --8<-- [start:{name}] -->", *lines, f"<!-- --8<-- [end:{name}] -->", ""]
-
-
 def check_rows(check: dict[str, Any], costs: Costs) -> list[tuple[str, float, float]]:
     """(figure, predicted, measured) of one measured fleet, predicted for one server process."""
     workload = Workload(workers=check["streams"], ttl_s=check["ttl_s"], beat_s=check["beat_s"])
@@ -407,7 +405,7 @@ def render(results: dict[str, Any]) -> str:
     load = run["load"]
     day = datetime.datetime.fromisoformat(run["started"])
     started = f"{day.day} {day:%B %Y}"
-    out += _section(
+    out += section(
         "run",
         [
             f"Measured on {started} by `python -m bench.capacity` ({run['elapsed_s']:,.0f} s):"
@@ -435,8 +433,8 @@ def render(results: dict[str, Any]) -> str:
             f" {c.statements:.2f} | {_n(c.wal_bytes)} | {_n(c.table_bytes)} |"
             f" {_n(c.rate_per_s)} |"
         )
-    out += _section("per-op", rows)
-    out += _section(
+    out += section("per-op", rows)
+    out += section(
         "fixed",
         [
             "| per server process | measured |",
@@ -480,8 +478,8 @@ def render(results: dict[str, Any]) -> str:
             f" p50 {c['p50_ms']:.1f} ms, p99 {c['p99_ms']:.1f} ms; the load generator"
             f" used {c['measured']['driver_cores']:.2f} cores."
         )
-    out += _section("checks", check_lines)
-    out += _section("million", render_plan(MILLION, costs, PRIMARY))
+    out += section("checks", check_lines)
+    out += section("million", render_plan(MILLION, costs, PRIMARY))
     return "\n".join(out)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from bench import cpu_per_op
 from bench.scenarios import LEASES_PER_SESSION, TITLES
+from bench.snippets import section
 
 Point = dict[str, Any]
 
@@ -39,13 +40,53 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The results as Markdown: the main table, the claim references, the targets, the scale run."""
+    """The results as Markdown, in named sections the docs include (``bench/snippets.py``).
+
+    Sections: ``run``, ``calls`` (each call against the bare gRPC stack), ``claims``
+    (against raw asyncpg and etcd), ``cpu`` (where the CPU goes), ``before-after``,
+    ``side-by-side``, ``targets``, ``scale``, ``console``, ``sessions``, ``cpu-per-op``;
+    a part the run left out gives no section.
+    """
     points = results["points"]
-    lines = [
+    scenarios = list(
+        dict.fromkeys(
+            p["scenario"] for p in points if p["target"] == "leasekeeper" and p.get("rows") is None
+        )
+    )
+    levels = sorted({p["concurrency"] for p in points if p.get("rows") is None})
+    run = [
         f"Run {results['started']} ({'quick' if results['quick'] else 'full'}), "
         f"{results['machine']['cpus']} CPUs, Python {results['machine']['python']}; "
-        f"{results['elapsed_s']} s in all.",
-        "",
+        f"{results['elapsed_s']} s in all."
+    ]
+    targets = targets_table(results)
+    if results["quick"]:
+        targets = [
+            "A quick run: windows of well under a second, 1,000 streams and small tables, to show",
+            "the suite works. Its figures are noisy and the targets below are judged on a full",
+            "run (make bench).",
+            "",
+            *targets,
+        ]
+    lines = [
+        *section("run", run),
+        *section("calls", calls_table(points, scenarios, levels)),
+        *section("claims", claims_table(points, levels)),
+        *section("cpu", cpu_budget(points, scenarios, results["machine"]["cpus"])),
+        *section("before-after", before_after(points, scenarios, levels)),
+        *section("side-by-side", side_by_side(results.get("comparisons", []))),
+        *section("targets", targets),
+        *section("scale", scale_table(points)),
+        *section("console", console_table(results.get("console"))),
+        *section("sessions", sessions_scale_section(results.get("sessions_scale"))),
+        *section("cpu-per-op", cpu_per_op_section(results.get("cpu_per_op"))),
+    ]
+    return "\n".join(lines[:-1]) + "\n"
+
+
+def calls_table(points: list[Point], scenarios: list[str], levels: list[int]) -> list[str]:
+    """Each scenario at each concurrency against the no-op reference of the same call."""
+    lines = [
         "Reference: the same client against a bare grpc.aio server of the same service whose "
         "handlers do no work (a no-op unary call; a bidi echo for Heartbeat).",
         "",
@@ -53,12 +94,6 @@ def markdown(results: dict[str, Any]) -> str:
         "p99 ms | server CPU ms/call | DB statements/call |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    scenarios = list(
-        dict.fromkeys(
-            p["scenario"] for p in points if p["target"] == "leasekeeper" and p.get("rows") is None
-        )
-    )
-    levels = sorted({p["concurrency"] for p in points if p.get("rows") is None})
     for scenario in scenarios:
         for c in levels:
             ours = _find(points, "leasekeeper", scenario, c)
@@ -73,43 +108,33 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{_num(ours['cpu_ms_per_call'], '{:.3f}')} | "
                 f"{_num(ours['statements_per_call'], '{:.2f}')} |"
             )
-    if any(p["target"] in ("asyncpg", "etcd") for p in points):
-        lines += [
-            "",
-            "Claims (distinct tasks) against the parts they are built from and against etcd:",
-            "",
-            "| concurrent | leasekeeper ops/s | raw asyncpg, same SQL | ratio | "
-            "etcd (lease grant + txn) | ratio |",
-            "|---:|---:|---:|---:|---:|---:|",
-        ]
-        for c in levels:
-            ours = _find(points, "leasekeeper", "claim", c)
-            raw = _find(points, "asyncpg", "claim", c)
-            etcd = _find(points, "etcd", "claim", c)
-            if ours is None:
-                continue
-            lines.append(
-                f"| {c} | {_num(ours['rate'])} | {_num(raw['rate'] if raw else None)} | "
-                f"{_ratio(ours['rate'], raw['rate'] if raw else None)} | "
-                f"{_num(etcd['rate'] if etcd else None)} | "
-                f"{_ratio(ours['rate'], etcd['rate'] if etcd else None)} |"
-            )
-    lines += cpu_budget(points, scenarios, results["machine"]["cpus"])
-    lines += before_after(points, scenarios, levels)
-    lines += side_by_side(results.get("comparisons", []))
-    if results["quick"]:
-        lines += [
-            "",
-            "A quick run: windows of well under a second, 1,000 streams and small tables, to show",
-            "the suite works. Its figures are noisy and the targets below are judged on a full",
-            "run (make bench).",
-        ]
-    lines += ["", *targets_table(results)]
-    lines += ["", *scale_table(points)]
-    lines += console_table(results.get("console"))
-    lines += sessions_scale_section(results.get("sessions_scale"))
-    lines += cpu_per_op_section(results.get("cpu_per_op"))
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def claims_table(points: list[Point], levels: list[int]) -> list[str]:
+    """Claims of distinct tasks against raw asyncpg (the same SQL) and etcd, if run."""
+    if not any(p["target"] in ("asyncpg", "etcd") for p in points):
+        return []
+    lines = [
+        "Claims (distinct tasks) against the parts they are built from and against etcd:",
+        "",
+        "| concurrent | leasekeeper ops/s | raw asyncpg, same SQL | ratio | "
+        "etcd (lease grant + txn) | ratio |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in levels:
+        ours = _find(points, "leasekeeper", "claim", c)
+        raw = _find(points, "asyncpg", "claim", c)
+        etcd = _find(points, "etcd", "claim", c)
+        if ours is None:
+            continue
+        lines.append(
+            f"| {c} | {_num(ours['rate'])} | {_num(raw['rate'] if raw else None)} | "
+            f"{_ratio(ours['rate'], raw['rate'] if raw else None)} | "
+            f"{_num(etcd['rate'] if etcd else None)} | "
+            f"{_ratio(ours['rate'], etcd['rate'] if etcd else None)} |"
+        )
+    return lines
 
 
 def _total(point: Point | None, *keys: str) -> float | None:
@@ -661,3 +686,24 @@ def console_table(console: dict[str, Any] | None) -> list[str]:
             f"{_num(ratio.get('wall'), '{:.2f}')} | {_num(ratio.get('cpu'), '{:.2f}')} |"
         )
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.report FOLDER``: write FOLDER's results.md and results.png again from
+    its results.json (after a change to the rendering; the figures are the run's)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=main.__doc__)
+    parser.add_argument("folder", type=Path, help="a folder holding a run's results.json")
+    parser.add_argument("--no-chart", action="store_true", help="leave results.png as it is")
+    args = parser.parse_args(argv)
+    results = json.loads((args.folder / "results.json").read_text())
+    (args.folder / "results.md").write_text(markdown(results))
+    if not args.no_chart:
+        chart(results, args.folder / "results.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
