@@ -51,6 +51,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -524,23 +525,19 @@ async def cpu_per_op_run(database_url: str, plan: Plan, out: Path) -> dict[str, 
         + ("" if plan.cpu_profile else ", no profile"),
         flush=True,
     )
-    began = time.monotonic()
-    try:
-        async with sibling_database(database_url, "cpu") as url:
-            options = argparse.Namespace(
-                database_url=url,
-                out=str(out),
-                duration=plan.cpu_duration_s,
-                warmup=plan.cpu_warmup_s,
-                concurrency=64,
-                no_profile=not plan.cpu_profile,
-            )
-            figures = await cpu_per_op.collect(options)
-    except Exception as exc:  # reported, and the rest of the suite still runs
-        figures = {"concurrency": 64, "error": repr(exc)}
-        print(f"  cpu per op failed: {exc!r}", flush=True)
-    print(f"  cpu per op: {time.monotonic() - began:.0f} s in all", flush=True)
-    return figures
+
+    async def collect(url: str) -> dict[str, Any]:
+        options = argparse.Namespace(
+            database_url=url,
+            out=str(out),
+            duration=plan.cpu_duration_s,
+            warmup=plan.cpu_warmup_s,
+            concurrency=64,
+            no_profile=not plan.cpu_profile,
+        )
+        return await cpu_per_op.collect(options)
+
+    return await _part("cpu per op", database_url, "cpu", collect, {"concurrency": 64})
 
 
 async def sessions_scale_run(database_url: str, plan: Plan, out: Path) -> dict[str, Any]:
@@ -555,23 +552,46 @@ async def sessions_scale_run(database_url: str, plan: Plan, out: Path) -> dict[s
         f"for {duration_s:g} s",
         flush=True,
     )
+
+    async def hold(url: str) -> dict[str, Any]:
+        options = argparse.Namespace(
+            leases=leases,
+            sessions=count,
+            interval=interval_s,
+            duration=duration_s,
+            ttl=ttl_s,
+            database_url=url,
+            out=str(out),
+        )
+        figures = await sessions_scale.run(options)
+        print(f"  {figures}", flush=True)
+        return figures
+
+    return await _part(
+        "sessions", database_url, "sessions", hold, {"leases": leases, "sessions": count}
+    )
+
+
+async def _part(
+    name: str,
+    database_url: str,
+    suffix: str,
+    run: Callable[[str], Awaitable[dict[str, Any]]],
+    failed: dict[str, Any],
+) -> dict[str, Any]:
+    """One part of the suite on a database of its own (``sibling_database(..., suffix)``).
+
+    Its figures, or ``failed`` with ``"error"`` when it could not finish: reported,
+    and the rest of the suite still runs.
+    """
     began = time.monotonic()
     try:
-        async with sibling_database(database_url, "sessions") as url:
-            options = argparse.Namespace(
-                leases=leases,
-                sessions=count,
-                interval=interval_s,
-                duration=duration_s,
-                ttl=ttl_s,
-                database_url=url,
-                out=str(out),
-            )
-            figures = await sessions_scale.run(options)
+        async with sibling_database(database_url, suffix) as url:
+            figures = await run(url)
     except Exception as exc:  # reported, and the rest of the suite still runs
-        figures = {"leases": leases, "sessions": count, "error": repr(exc)}
-    print(f"  {figures}", flush=True)
-    print(f"  sessions: {time.monotonic() - began:.0f} s in all", flush=True)
+        figures = {**failed, "error": repr(exc)}
+        print(f"  {name} failed: {exc!r}", flush=True)
+    print(f"  {name}: {time.monotonic() - began:.0f} s in all", flush=True)
     return figures
 
 
