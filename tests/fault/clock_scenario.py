@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from typing import Any
 
@@ -112,20 +113,28 @@ def run(stub: rpc.LeaseServiceStub, ns: str) -> list[Any]:
         out.append(["release", owner, fence, r.lease.fence, state(r.lease.state)])
 
     def heartbeat_until_lost(owner: str, fence: int) -> None:
-        """Two beats, then silence: the server must push the expiry by itself."""
-        first = pb.HeartbeatRequest(namespace=ns, task_id=TASK, owner_id=owner, fence=fence)
-        first.ttl.CopyFrom(ttl(1))
+        """Two beats, then silence: the server must push the expiry by itself.
 
-        def requests():  # the second beat waits past the minimum renew interval
+        The beats' ttl is 2 s and the second beat goes 0.3 s after the first one's
+        answer (past the minimum renew interval): on a loaded machine the second
+        still renews before the first beat's lease runs out.
+        """
+        first = pb.HeartbeatRequest(namespace=ns, task_id=TASK, owner_id=owner, fence=fence)
+        first.ttl.CopyFrom(ttl(2))
+        answered = threading.Event()
+
+        def requests():
             yield first
-            time.sleep(0.6)
+            answered.wait(CALL_TIMEOUT_S)
+            time.sleep(0.3)
             yield pb.HeartbeatRequest()
             time.sleep(10)  # keeps the stream open and silent
 
-        call = stub.Heartbeat(requests(), timeout=CALL_TIMEOUT_S)
+        call = stub.Heartbeat(requests(), timeout=CALL_TIMEOUT_S + 5)
         try:
             for reply in call:
                 out.append(["beat", reply.fence, reply.renewed, secs(reply.remaining_ttl)])
+                answered.set()
             out.append(["heartbeat_end", "OK"])
         except grpc.RpcError as exc:
             out.append(["heartbeat_end", failure(exc)])
@@ -135,7 +144,7 @@ def run(stub: rpc.LeaseServiceStub, ns: str) -> list[Any]:
     claim("a")  # a's retried claim: the same lease back
     renew("a", 1)
     out.append(validate(1))
-    heartbeat_until_lost("a", 1)  # ends ABORTED LEASE_EXPIRED about 1 s after the last beat
+    heartbeat_until_lost("a", 1)  # ends ABORTED LEASE_EXPIRED about 2 s after the last beat
     deadline = time.monotonic() + 5
     while (step := validate(1))[2] and time.monotonic() < deadline:
         time.sleep(0.05)
