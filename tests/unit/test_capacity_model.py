@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,3 +192,28 @@ def test_the_million_worker_plan_is_the_pages() -> None:
         rendered
     )
     assert "| ttl T, beat every B | 30 s, 10 s | 100,000 renewals/s |" in rendered
+
+
+def test_the_pages_estimate_program_prints_what_the_page_says() -> None:
+    # The page's estimate() program is a fragment for the docs suite (which runs snippets in a
+    # folder of their own, where bench/ is not importable); here it runs as the page tells a
+    # reader to: piped to Python from the checkout's root.
+    page = PAGE.read_text()
+    program = re.search(
+        r"```python\n(import json\n\nfrom bench\.capacity_model .*?)```",
+        page,
+        re.S,
+    )
+    said = re.search(r"It prints\n`([^`]+)`", page)
+    assert program is not None and said is not None
+    ran = subprocess.run(
+        [sys.executable, "-"],
+        input=program.group(1),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == said.group(1)
