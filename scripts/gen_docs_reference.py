@@ -465,7 +465,7 @@ def settings_class() -> type:
 
 def client_variables() -> str:
     """The variables that the client and the command's calls to a server read (not settings)."""
-    from leasekeeper.client import DEFAULT_TARGET, TARGET_ENV, TOKEN_ENV
+    from leasekeeper.channel import DEFAULT_TARGET, TARGET_ENV, TOKEN_ENV
 
     return (
         f"Not settings of the server: the Python client and the `leasekeeper` command's calls "

@@ -43,7 +43,8 @@ from ._types import (
     RenewedLease,
     TaskEvent,
 )
-from .client import CHANNEL_OPTIONS, LeaseClient
+from .channel import CHANNEL_OPTIONS
+from .client import LeaseClient
 from .effects import EffectOutcome, EffectRunner, Performed, request_digest
 from .errors import (
     AccessDenied,

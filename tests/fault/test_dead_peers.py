@@ -27,7 +27,7 @@ import grpc
 import pytest
 
 from leasekeeper import LeaseClient, LeaseUnavailable
-from leasekeeper.client import KEEPALIVE_TIME_S, KEEPALIVE_TIMEOUT_S
+from leasekeeper.channel import KEEPALIVE_TIME_S, KEEPALIVE_TIMEOUT_S
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as rpc
 from tests import helpers

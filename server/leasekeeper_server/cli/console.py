@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from leasekeeper.client import default_target
+from leasekeeper.channel import default_target
 
 if TYPE_CHECKING:
     from leasekeeper_server.settings import Settings

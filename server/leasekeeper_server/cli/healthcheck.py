@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from leasekeeper.client import default_target
+from leasekeeper.channel import default_target
 from leasekeeper_server.rpc.service import SERVICE_NAME
 
 SERVING = "SERVING"

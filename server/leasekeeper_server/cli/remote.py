@@ -50,7 +50,7 @@ from google.protobuf.message import Message
 
 from leasekeeper import CHANNEL_OPTIONS
 from leasekeeper._types import EFFECT_STATES
-from leasekeeper.client import default_target
+from leasekeeper.channel import default_target
 from leasekeeper.v1 import lease_service_pb2 as pb
 from leasekeeper.v1 import lease_service_pb2_grpc as pb_grpc
 from leasekeeper_server.cli import output as out
