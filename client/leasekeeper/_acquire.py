@@ -41,7 +41,7 @@ from ._backoff import Backoff
 from ._owner import new_request_id
 from ._ports import HoldingClient
 from ._types import ClaimResult
-from .errors import ClaimTimeout, InvalidArgument, LeaseError, NotAcquired
+from .errors import ClaimTimeout, InvalidArgument, LeaseError, LeaseUnavailable, NotAcquired
 
 CLAIM_BACKOFF_INITIAL_S = 0.05
 """Upper bound of the first retry delay, in seconds (doubling up to CLAIM_BACKOFF_MAX_S)."""
@@ -128,7 +128,7 @@ async def acquire(
                 back_off = False
             except LeaseError as error:
                 client._unmark_held(task_id)
-                unknown = error.code in _CLAIM_RETRY_CODES
+                unknown = isinstance(error, LeaseUnavailable) or error.code in _CLAIM_RETRY_CODES
                 if not unknown or deadline is None or clock() >= deadline:
                     raise
             except BaseException:

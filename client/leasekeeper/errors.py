@@ -282,8 +282,16 @@ class NotAcquired(ClaimTimeout):
 class LeaseUnavailable(LeaseError):
     """The database or server is out of reach, or shutting down (UNAVAILABLE).
 
-    The call changed nothing that a retry could not repeat: it is safe to retry.
+    Also gRPC's own RESOURCE_EXHAUSTED, which carries no reason (``code`` says
+    which): a connection the server ended because this process missed its
+    keepalive ping (paused, or starved of CPU). The call changed nothing that a
+    retry could not repeat: it is safe to retry (a claim with the same request id).
     """
+
+    @property
+    def retryable(self) -> bool:
+        """Always True: the same call may be sent again."""
+        return True
 
 
 class InvalidArgument(LeaseError, ValueError):
@@ -552,6 +560,7 @@ def from_rpc_error(
     UNAUTHENTICATED       any                       AccessDenied
     PERMISSION_DENIED     any                       AccessDenied
     RESOURCE_EXHAUSTED    LEASE_LIMIT, ...          LimitExceeded (retry_after)
+    RESOURCE_EXHAUSTED    none                      LeaseUnavailable (gRPC's own)
     anything else         any                       LeaseError
     ====================  ========================  ======================
 
@@ -587,6 +596,11 @@ def from_rpc_error(
         return LeaseUnavailable(message, code=code, reason=reason, metadata=metadata)
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return AccessDenied(message, code=code, reason=reason, metadata=metadata)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and reason is None:
+        # Not a namespace limit (those carry their reason) but gRPC's own: a connection the
+        # server ended with ENHANCE_YOUR_CALM (a client paused past its keepalive ping), or a
+        # message over a size limit. The call's outcome is unknown, as for UNAVAILABLE.
+        return LeaseUnavailable(message, code=code, reason=reason, metadata=metadata)
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
         return LimitExceeded(
             message, retry_after=retry_delay_s(status), reason=reason, metadata=metadata

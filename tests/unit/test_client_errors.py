@@ -10,6 +10,7 @@ from leasekeeper import (
     LeaseError,
     LeaseLost,
     LeaseUnavailable,
+    LimitExceeded,
     MissingFence,
     TaskCompleted,
     TaskNotFound,
@@ -111,6 +112,23 @@ def test_from_rpc_error_unavailable_without_details_is_retryable():
     )
     error = from_rpc_error(bare)
     assert isinstance(error, LeaseUnavailable)
+    assert error.reason is None
+    assert error.retryable
+
+
+def test_from_rpc_error_resource_exhausted_without_a_reason_is_unavailable_not_a_limit():
+    # gRPC's own RESOURCE_EXHAUSTED: a connection the server ended (ENHANCE_YOUR_CALM) after
+    # this process missed its keepalive ping. Its outcome is unknown; a limit carries its reason.
+    bare = grpc.aio.AioRpcError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        details="Bandwidth exhausted or memory limit exceeded",
+    )
+    error = from_rpc_error(bare)
+    assert isinstance(error, LeaseUnavailable)
+    assert not isinstance(error, LimitExceeded)
+    assert error.code is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error.reason is None
     assert error.retryable
 

@@ -73,6 +73,23 @@ async def test_hold_retries_unknown_outcomes_with_the_same_request_id(fake, clie
     assert len(set(sent)) == 1 and is_uuid4(sent[0])
 
 
+async def test_hold_retries_grpcs_own_resource_exhausted_with_the_same_request_id(fake, client):
+    # A connection the server ended after this process missed its keepalive ping (paused) ends
+    # the claim RESOURCE_EXHAUSTED with no reason: its outcome is unknown, not a namespace limit.
+    calm = grpc.aio.AioRpcError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        details="Bandwidth exhausted or memory limit exceeded",
+    )
+    fake.claim_script.append(calm)
+    async with client.hold("t1", ttl=TTL_S, wait=5.0) as lease:
+        assert lease.fence == 1
+
+    sent = [c.request_id for c in fake.claims]
+    assert len(sent) == 2 and sent[0] == sent[1]
+
+
 async def test_hold_each_acquisition_has_its_own_request_id(fake, client):
     async with client.hold("t1", ttl=TTL_S):
         pass

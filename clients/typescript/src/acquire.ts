@@ -13,7 +13,7 @@
  */
 import { status as Code } from "@grpc/grpc-js";
 import { Backoff } from "./backoff.js";
-import { ClaimTimeout, InvalidArgument, LeaseError, NotAcquired } from "./errors.js";
+import { ClaimTimeout, InvalidArgument, LeaseError, LeaseUnavailable, NotAcquired } from "./errors.js";
 import { newRequestId } from "./ids.js";
 import type { LeaseClientLike } from "./ports.js";
 import type { ClaimResult } from "./types.js";
@@ -73,7 +73,9 @@ export async function acquire(client: LeaseClientLike, taskId: string, o: Acquir
           askedMaxS = halvedS >= CLAIM_WAIT_MIN_S ? halvedS : null;
           continue;
         }
-        const unknown = error instanceof LeaseError && error.code !== null && CLAIM_RETRY_CODES.has(error.code);
+        const unknown =
+          error instanceof LeaseUnavailable ||
+          (error instanceof LeaseError && error.code !== null && CLAIM_RETRY_CODES.has(error.code));
         if (!unknown || deadline === null || clock() >= deadline) throw error;
       }
       if (result !== null) {

@@ -126,7 +126,11 @@ export interface ClaimOptions {
    * same lease back, no new fence). Absent: a fresh {@link newRequestId}. "": none.
    */
   requestId?: string;
-  /** Seconds the server may wait for a task held by another owner; absent: answer at once. */
+  /**
+   * Seconds the server may wait for a task held by another owner; absent: answer at once. The
+   * call's deadline is still `callTimeout`: keep `wait` below it (hold() counts its deadline
+   * from the end of the wait instead).
+   */
   wait?: number | null;
   /** The attempt limit this grant carries; 0: the namespace's default, else none. */
   maxAttempts?: number;

@@ -201,8 +201,18 @@ export class ClaimTimeout extends LeaseError {
 /** hold() without `wait`: the task is held by another owner. */
 export class NotAcquired extends ClaimTimeout {}
 
-/** The database or server is out of reach, or shutting down (UNAVAILABLE): safe to retry. */
-export class LeaseUnavailable extends LeaseError {}
+/**
+ * The database or server is out of reach, or shutting down (UNAVAILABLE): safe to retry (a claim
+ * with the same requestId). Also gRPC's own RESOURCE_EXHAUSTED, which carries no reason (`code`
+ * says which): a connection the server ended because this process missed its keepalive ping
+ * (paused, or starved of CPU).
+ */
+export class LeaseUnavailable extends LeaseError {
+  /** Always true: the same call may be sent again. */
+  override get retryable(): boolean {
+    return true;
+  }
+}
 
 /** The request was malformed and changed nothing (INVALID_ARGUMENT). */
 export class InvalidArgument extends LeaseError {
@@ -367,6 +377,7 @@ const PRECONDITION_ERRORS: Record<string, PreconditionError> = {
  * | UNAVAILABLE         | any                    | LeaseUnavailable             |
  * | UNAUTHENTICATED, PERMISSION_DENIED | any     | AccessDenied                 |
  * | RESOURCE_EXHAUSTED  | LEASE_LIMIT, ...       | LimitExceeded (retryAfter)   |
+ * | RESOURCE_EXHAUSTED  | none (gRPC's own)      | LeaseUnavailable             |
  * | anything else       | any                    | LeaseError                   |
  *
  * @param error - a grpc-js ServiceError (or the StatusObject of a stream).
@@ -402,6 +413,11 @@ export function fromServiceError(
     case Code.PERMISSION_DENIED:
       return new AccessDenied(message, fields);
     case Code.RESOURCE_EXHAUSTED:
+      // Without a reason it is not a namespace limit but gRPC's own: a connection the server
+      // ended with ENHANCE_YOUR_CALM (a client paused past its keepalive ping; grpc-js says
+      // "Bandwidth exhausted or memory limit exceeded"), or a message over a size limit. The
+      // call's outcome is unknown, as for UNAVAILABLE.
+      if (reason === null) return new LeaseUnavailable(message, fields);
       return new LimitExceeded(message, retryDelay, fields);
     default:
       return new LeaseError(message, fields);

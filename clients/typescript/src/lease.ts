@@ -9,8 +9,12 @@
  *
  * When ownership is lost -- the server ends the heartbeat with a reason, or the trust deadline
  * passes without a confirmed renewal, however healthy the stream looks -- `lease.signal` is
- * aborted at once with the {@link LeaseLost} as its reason: pass it to the work done under the
- * lease (fetch, timers, child processes, gRPC calls) and it stops there. `check()` throws the loss.
+ * aborted with the {@link LeaseLost} as its reason: pass it to the work done under the lease
+ * (fetch, timers, child processes, gRPC calls) and it stops there. A pushed loss aborts it as
+ * the message arrives; a passed trust deadline, when its timer runs. A process that was paused
+ * past the deadline runs its due callbacks in their order, so a tick of the work may see the
+ * signal not yet aborted: `check()` reads the clock itself and throws the loss, so call it right
+ * before acting (the ledger's `lease.effect()` does).
  *
  * `close()` ends the lease's use: it stops the heartbeat (half-close) and releases the lease
  * (best effort: a lease it cannot release ends by its ttl). After a loss the stream is

@@ -42,45 +42,55 @@ test("a claim retried with its request id gets the same fence; a new request id 
   }
 });
 
-test("hold() retries a claim whose reply was lost with the same request id: the same fence", async () => {
-  let dropped = 0;
-  // Lets the first Claim reach the server and be granted, then ends it UNAVAILABLE in place of
-  // its OK: the outcome is unknown to the client, as after a connection cut mid-reply.
-  const loseFirstClaimReply: Interceptor = (options, nextCall) => {
-    if (options.method_definition.path !== "/leasekeeper.v1.LeaseService/Claim" || dropped > 0) {
-      return new InterceptingCall(nextCall(options));
+// How a reply can be lost: UNAVAILABLE, a connection cut mid-reply; RESOURCE_EXHAUSTED without a
+// reason, what grpc-js reports when the server ends the connection with ENHANCE_YOUR_CALM after
+// this process missed its keepalive ping (paused, or starved of CPU): not a namespace limit.
+const LOST_REPLIES: Array<[number, string]> = [
+  [status.UNAVAILABLE, "reply lost (test)"],
+  [status.RESOURCE_EXHAUSTED, "Bandwidth exhausted or memory limit exceeded"],
+];
+
+for (const [lostCode, lostDetails] of LOST_REPLIES) {
+  test(`hold() retries a claim whose reply was lost (${status[lostCode]}) with the same request id: the same fence`, async () => {
+    let dropped = 0;
+    // Lets the first Claim reach the server and be granted, then ends it with lostCode in place of
+    // its OK: the outcome is unknown to the client.
+    const loseFirstClaimReply: Interceptor = (options, nextCall) => {
+      if (options.method_definition.path !== "/leasekeeper.v1.LeaseService/Claim" || dropped > 0) {
+        return new InterceptingCall(nextCall(options));
+      }
+      dropped += 1;
+      return new InterceptingCall(nextCall(options), {
+        start(metadata, _listener, next) {
+          next(
+            metadata,
+            new ListenerBuilder()
+              .withOnReceiveStatus((_status, nextStatus) =>
+                nextStatus({ code: lostCode, details: lostDetails, metadata: new Metadata() }),
+              )
+              .build(),
+          );
+        },
+      });
+    };
+    const c = client({ channelOptions: { interceptors: [loseFirstClaimReply] } });
+    try {
+      const lease = await c.hold("t", { ttl: 10, wait: 10 });
+      assert.equal(dropped, 1);
+      assert.equal(lease.fence, 1n, "the retry got the granted lease back, not a new fence");
+      const [entries] = await c.listTaskHistory("t");
+      assert.deepEqual(
+        entries.filter((e) => e.kind === "GRANTED").map((e) => e.fence),
+        [1n],
+        "one grant in the task's history",
+      );
+      assert.equal(await lease.close(), null);
+      assert.equal((await c.getLease("t")).state, "FREE");
+    } finally {
+      await c.close();
     }
-    dropped += 1;
-    return new InterceptingCall(nextCall(options), {
-      start(metadata, _listener, next) {
-        next(
-          metadata,
-          new ListenerBuilder()
-            .withOnReceiveStatus((_status, nextStatus) =>
-              nextStatus({ code: status.UNAVAILABLE, details: "reply lost (test)", metadata: new Metadata() }),
-            )
-            .build(),
-        );
-      },
-    });
-  };
-  const c = client({ channelOptions: { interceptors: [loseFirstClaimReply] } });
-  try {
-    const lease = await c.hold("t", { ttl: 10, wait: 10 });
-    assert.equal(dropped, 1);
-    assert.equal(lease.fence, 1n, "the retry got the granted lease back, not a new fence");
-    const [entries] = await c.listTaskHistory("t");
-    assert.deepEqual(
-      entries.filter((e) => e.kind === "GRANTED").map((e) => e.fence),
-      [1n],
-      "one grant in the task's history",
-    );
-    assert.equal(await lease.close(), null);
-    assert.equal((await c.getLease("t")).state, "FREE");
-  } finally {
-    await c.close();
-  }
-});
+  });
+}
 
 test("hold() without wait is NotAcquired; with wait it gets the task once its holder releases", async () => {
   const holder = client();

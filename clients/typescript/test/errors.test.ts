@@ -91,6 +91,15 @@ test("every ErrorInfo reason in the proto has its error class", () => {
   assert.ok(limited instanceof LimitExceeded && limited.retryAfter === null);
   const bare = fromServiceError({ code: Code.UNAVAILABLE, details: "no trailer", metadata: undefined as never });
   assert.ok(bare instanceof LeaseUnavailable && bare.reason === null && bare.retryable);
+  // gRPC's own RESOURCE_EXHAUSTED (a connection ended after a missed keepalive ping) carries no
+  // reason: not a namespace limit, and the call's outcome is unknown.
+  const calm = fromServiceError({
+    code: Code.RESOURCE_EXHAUSTED,
+    details: "Bandwidth exhausted or memory limit exceeded",
+    metadata: undefined as never,
+  });
+  assert.ok(calm instanceof LeaseUnavailable && !(calm instanceof LimitExceeded));
+  assert.ok(calm.code === Code.RESOURCE_EXHAUSTED && calm.reason === null && calm.retryable);
   assert.ok(new TaskCompleted("x") instanceof TaskEnded);
 });
 
